@@ -1,0 +1,48 @@
+# Two commands on a fresh machine: `make up` and `make test`. Everything else is for developers.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+PROTO   := proto/luftpause/rpc/scheduler.proto
+RPC_OUT := services/common
+
+.PHONY: install up test lint typecheck pytest proto soak bench bench-real clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+up: install
+	$(BIN)/luftpause up
+
+test: install lint typecheck pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+pytest: install
+	$(BIN)/pytest -q
+
+proto: install
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(RPC_OUT) --pyi_out=$(RPC_OUT) \
+		--grpc_python_out=$(RPC_OUT) $(PROTO)
+
+soak: install
+	$(BIN)/pytest -q -m slow
+
+bench: install
+	$(BIN)/python -m bench.overhead
+
+bench-real: install
+	$(BIN)/python -m bench.calibrate_engine
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,256 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ServiceClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVICE_CLASS_UNSPECIFIED: _ClassVar[ServiceClass]
+    SERVICE_CLASS_INTERACTIVE: _ClassVar[ServiceClass]
+    SERVICE_CLASS_BATCH: _ClassVar[ServiceClass]
+
+class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_PHASE_UNSPECIFIED: _ClassVar[RunPhase]
+    RUN_PHASE_IDLE: _ClassVar[RunPhase]
+    RUN_PHASE_GENERATING: _ClassVar[RunPhase]
+    RUN_PHASE_TOOL_PAUSED: _ClassVar[RunPhase]
+SERVICE_CLASS_UNSPECIFIED: ServiceClass
+SERVICE_CLASS_INTERACTIVE: ServiceClass
+SERVICE_CLASS_BATCH: ServiceClass
+RUN_PHASE_UNSPECIFIED: RunPhase
+RUN_PHASE_IDLE: RunPhase
+RUN_PHASE_GENERATING: RunPhase
+RUN_PHASE_TOOL_PAUSED: RunPhase
+
+class AdmitRequest(_message.Message):
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    dataplane_id: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
+
+class AdmitReply(_message.Message):
+    __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_URL_FIELD_NUMBER: _ClassVar[int]
+    HELD_MS_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    replica_id: str
+    replica_url: str
+    held_ms: float
+    def __init__(self, turn_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_url: _Optional[str] = ..., held_ms: _Optional[float] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class TurnStarted(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FirstToken(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TurnFinished(_message.Message):
+    __slots__ = ("usage", "finish_reason", "tool_calls")
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    usage: Usage
+    finish_reason: str
+    tool_calls: bool
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ...) -> None: ...
+
+class TurnFailed(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class TurnAbandoned(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunEnded(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TurnEvent(_message.Message):
+    __slots__ = ("turn_id", "run_id", "started", "first_token", "finished", "failed", "abandoned", "run_ended")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ABANDONED_FIELD_NUMBER: _ClassVar[int]
+    RUN_ENDED_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    started: TurnStarted
+    first_token: FirstToken
+    finished: TurnFinished
+    failed: TurnFailed
+    abandoned: TurnAbandoned
+    run_ended: RunEnded
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
+
+class ReportSummary(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: int
+    def __init__(self, events: _Optional[int] = ...) -> None: ...
+
+class RunSnapshot(_message.Message):
+    __slots__ = ("run_id", "replica_id", "phase", "service_class", "caller", "idle_seconds")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    replica_id: str
+    phase: RunPhase
+    service_class: ServiceClass
+    caller: str
+    idle_seconds: float
+    def __init__(self, run_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
+
+class TurnSnapshot(_message.Message):
+    __slots__ = ("turn_id", "run_id", "replica_id", "model", "service_class", "caller")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    run_id: str
+    replica_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
+
+class ResyncRequest(_message.Message):
+    __slots__ = ("dataplane_id", "runs", "turns")
+    DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    dataplane_id: str
+    runs: _containers.RepeatedCompositeFieldContainer[RunSnapshot]
+    turns: _containers.RepeatedCompositeFieldContainer[TurnSnapshot]
+    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ...) -> None: ...
+
+class ResyncReply(_message.Message):
+    __slots__ = ("runs", "turns")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    runs: int
+    turns: int
+    def __init__(self, runs: _Optional[int] = ..., turns: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("id", "replica_ids")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, id: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListModelsReply(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ReplicaStatus(_message.Message):
+    __slots__ = ("id", "url", "healthy", "in_flight", "capacity", "capped", "engine_running", "engine_waiting", "models", "kind", "paused_interactive")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    URL_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    CAPPED_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_WAITING_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_INTERACTIVE_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    url: str
+    healthy: bool
+    in_flight: int
+    capacity: int
+    capped: bool
+    engine_running: int
+    engine_waiting: int
+    models: _containers.RepeatedScalarFieldContainer[str]
+    kind: str
+    paused_interactive: int
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., capped: _Optional[bool] = ..., engine_running: _Optional[int] = ..., engine_waiting: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., paused_interactive: _Optional[int] = ...) -> None: ...
+
+class HeldGroup(_message.Message):
+    __slots__ = ("service_class", "caller", "count", "oldest_wait_seconds")
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    service_class: ServiceClass
+    caller: str
+    count: int
+    oldest_wait_seconds: float
+    def __init__(self, service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., count: _Optional[int] = ..., oldest_wait_seconds: _Optional[float] = ...) -> None: ...
+
+class RunCount(_message.Message):
+    __slots__ = ("phase", "service_class", "count")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    phase: RunPhase
+    service_class: ServiceClass
+    count: int
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("replicas", "held", "runs", "turns_in_flight")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    held: _containers.RepeatedCompositeFieldContainer[HeldGroup]
+    runs: _containers.RepeatedCompositeFieldContainer[RunCount]
+    turns_in_flight: int
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldGroup, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[RunCount, _Mapping]]] = ..., turns_in_flight: _Optional[int] = ...) -> None: ...
