@@ -1,0 +1,149 @@
+"""Endpoint configuration: the one file that lists the engine pool.
+
+Pure module apart from `load_config`, which reads a file. The scheduler uses it to know the
+replicas it places turns on and probes; the dataplane uses it to find the API key to send to a
+replica; `luftpause up` writes one for the local stack.
+
+File format (YAML, or TOML by extension)::
+
+    endpoints:
+      - id: engine-a                 # unique replica id
+        url: http://127.0.0.1:9001   # base URL, no /v1
+        models: [luftpause-sim]      # models it serves
+        kind: generative             # or single-pass
+        health: /health              # health path, probed every 2 s
+        metrics: /metrics            # load path; "" when the endpoint reports no load
+        api_key_env: ENGINE_A_KEY    # environment variable holding its API key (optional)
+        load_from: [engine-x]        # a router: read its load from these endpoints (optional)
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """The endpoint configuration is invalid; the message says where."""
+
+
+class EndpointKind(StrEnum):
+    GENERATIVE = "generative"
+    SINGLE_PASS = "single-pass"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Endpoint:
+    """One replica of the pool (an engine, a router, or a hosted API)."""
+
+    id: str
+    url: str
+    models: frozenset[str]
+    kind: EndpointKind = EndpointKind.GENERATIVE
+    health: str = "/health"
+    metrics: str = "/metrics"
+    api_key_env: str = ""
+    load_from: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ConfigError("endpoint id must not be empty")
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(f"endpoint {self.id}: url must be http(s)://host[:port], got {self.url!r}")
+        if not self.models:
+            raise ConfigError(f"endpoint {self.id}: models must list at least one model")
+        for path in (self.health, self.metrics):
+            if path and not path.startswith("/"):
+                raise ConfigError(f"endpoint {self.id}: paths must start with '/', got {path!r}")
+
+    @property
+    def base_url(self) -> str:
+        return self.url.rstrip("/")
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str:
+        """The key to send upstream, read from the named environment variable ('' if none)."""
+        if not self.api_key_env:
+            return ""
+        return (os.environ if environ is None else environ).get(self.api_key_env, "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    endpoints: tuple[Endpoint, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        ids = [e.id for e in self.endpoints]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ConfigError(f"duplicate endpoint ids: {', '.join(dupes)}")
+        known = set(ids)
+        for e in self.endpoints:
+            missing = [s for s in e.load_from if s not in known]
+            if missing:
+                raise ConfigError(f"endpoint {e.id}: load_from names unknown endpoints {missing}")
+
+    def endpoint(self, endpoint_id: str) -> Endpoint | None:
+        return next((e for e in self.endpoints if e.id == endpoint_id), None)
+
+
+def _str_list(value: Any, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, Sequence) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where} must be a list of strings")
+    return tuple(value)
+
+
+def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
+    """Build an Endpoint from one mapping of the file."""
+    where = f"endpoints[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where} must be a mapping")
+    unknown = set(raw) - {"id", "url", "models", "kind", "health", "metrics", "api_key_env",
+                          "load_from"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    try:
+        kind = EndpointKind(raw.get("kind", "generative"))
+    except ValueError as exc:
+        raise ConfigError(f"{where}: kind must be generative or single-pass") from exc
+    return Endpoint(
+        id=str(raw.get("id", "")),
+        url=str(raw.get("url", "")),
+        models=frozenset(_str_list(raw.get("models", []), f"{where}.models")),
+        kind=kind,
+        health=str(raw.get("health", "/health")),
+        metrics=str(raw.get("metrics", "/metrics")),
+        api_key_env=str(raw.get("api_key_env", "")),
+        load_from=_str_list(raw.get("load_from", []), f"{where}.load_from"),
+    )
+
+
+def parse_config(raw: Any) -> Config:
+    """Build a Config from the file's parsed content."""
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("endpoints"), list):
+        raise ConfigError("config must be a mapping with an 'endpoints' list")
+    return Config(endpoints=tuple(parse_endpoint(e, i) for i, e in enumerate(raw["endpoints"])))
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML or TOML endpoint file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc}") from exc
+    try:
+        raw = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot parse config {p}: {exc}") from exc
+    return parse_config(raw)

@@ -1,0 +1,64 @@
+"""Placement rules: which replica, if any, may take a held turn now.
+
+Pure module: no I/O, no clock reads. Rules, in the order they apply:
+
+1. Routing by model: only replicas of the turn's kind that serve its model.
+2. Health: an unhealthy replica gets nothing.
+3. Strict run affinity: a run that is generating or paused on a tool goes only to the replica
+   that served its last turn, while that replica is healthy and serves the model. An idle run,
+   or one whose replica is down, may move.
+4. Admission by engine load: a replica whose engine reports no waiting queue is uncapped; once
+   it queues, its turns are capped at what the engine runs.
+5. Service classes: a batch turn may not take the last free slot kept for each interactive run
+   paused on a tool on that replica (it will come back).
+6. Among replicas with room, an idle run prefers its last replica (its prefix may still be
+   cached), then the least loaded.
+"""
+
+from __future__ import annotations
+
+from luftpause.scheduler.core.model import HeldTurn, Replica, ServiceClass, State
+
+
+def has_room(replica: Replica, service_class: ServiceClass) -> bool:
+    """Whether `replica` can take one more turn of `service_class` now."""
+    cap = replica.capacity
+    if cap is None:
+        return True
+    free = cap - replica.in_flight
+    if service_class is ServiceClass.BATCH:
+        return free > replica.paused_interactive
+    return free > 0
+
+
+def _load_key(replica: Replica) -> tuple[float, int, str]:
+    cap = replica.capacity
+    ratio = replica.in_flight / cap if cap else 0.0
+    return (ratio, replica.in_flight, replica.id)
+
+
+def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
+    """The replica `turn` goes to now, or None if it must keep waiting."""
+    by_model = state.single_pass_by_model if turn.single_pass else state.generative_by_model
+    ids = by_model.get(turn.model, ())
+    run = None if turn.single_pass else state.runs.get(turn.run_id)
+    if run is not None and run.pinned:
+        home = state.replicas.get(run.replica)
+        if home is not None and home.healthy and run.replica in ids:
+            return home if has_room(home, turn.service_class) else None
+    best: Replica | None = None
+    for rid in ids:
+        replica = state.replicas[rid]
+        if not replica.healthy or not has_room(replica, turn.service_class):
+            continue
+        if run is not None and rid == run.replica:
+            return replica
+        if best is None or _load_key(replica) < _load_key(best):
+            best = replica
+    return best
+
+
+def serves(state: State, model: str, single_pass: bool) -> bool:
+    """Whether any replica of the kind serves `model` (healthy or not)."""
+    by_model = state.single_pass_by_model if single_pass else state.generative_by_model
+    return bool(by_model.get(model))

@@ -1,0 +1,53 @@
+"""A read-only view of the scheduler state for /status, the Status RPC and metrics.
+
+Pure module: no I/O; `now` is passed in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from luftpause.scheduler.core.model import Phase, ServiceClass, State
+
+
+def status_view(state: State, now: float) -> dict[str, Any]:
+    """Replicas with load against capacity, held turns by class and caller, runs by phase."""
+    replicas = [
+        {
+            "id": r.id,
+            "url": r.url,
+            "kind": str(r.kind),
+            "models": sorted(r.models),
+            "healthy": r.healthy,
+            "in_flight": r.in_flight,
+            "capacity": r.capacity,
+            "capped": r.capacity is not None,
+            "engine_running": r.engine_running,
+            "engine_waiting": r.engine_waiting,
+            "paused_interactive": r.paused_interactive,
+        }
+        for r in sorted(state.replicas.values(), key=lambda r: r.id)
+    ]
+    groups: dict[tuple[str, str], tuple[int, float]] = {}
+    for t in state.held.values():
+        key = (str(t.service_class), t.caller)
+        count, oldest = groups.get(key, (0, now))
+        groups[key] = (count + 1, min(oldest, t.arrived_at))
+    held = [
+        {"class": cls, "caller": caller, "count": count,
+         "oldest_wait_s": round(max(now - oldest, 0.0), 3)}
+        for (cls, caller), (count, oldest) in sorted(groups.items())
+    ]
+    runs: dict[str, dict[str, int]] = {
+        str(p): {str(c): 0 for c in ServiceClass} for p in Phase
+    }
+    for run in state.runs.values():
+        runs[str(run.phase)][str(run.service_class)] += 1
+    return {
+        "replicas": replicas,
+        "held": held,
+        "held_total": len(state.held),
+        "runs": runs,
+        "runs_total": len(state.runs),
+        "turns_in_flight": len(state.turns),
+    }

@@ -1,0 +1,207 @@
+"""`luftpause fake-mcp`: an MCP tool server over Streamable HTTP for sub-agents to call.
+
+Shell module: argv parsing, the `mcp` SDK's `MCPServer`, uvicorn and signals. What the tools
+say and how long they take comes from `core`. Serves, on one port:
+
+    POST/GET/DELETE /mcp   the MCP Streamable HTTP endpoint (tools: lookup, deep_search,
+                           delete_record)
+    GET /stats             {"calls": {tool: n}, "in_flight": {tool: n}}
+    GET /health            200 once the server is listening
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+import structlog
+import uvicorn
+from luftpause.common.logs import setup_logging
+from luftpause.testkit.fakemcp.core import (
+    CallStats,
+    Latency,
+    deep_search_text,
+    lookup_text,
+)
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+DEFAULT_LOOKUP_LATENCY = Latency(low=0.5, high=1.5)
+DEFAULT_DEEP_SEARCH_LATENCY = Latency(low=2.0, high=4.0)
+_READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
+_DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
+_SHUTDOWN_GRACE_SECONDS = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FakeMcpConfig:
+    """Everything `luftpause fake-mcp` takes from its command line."""
+
+    host: str = "127.0.0.1"
+    port: int = 9100
+    lookup_latency: Latency = DEFAULT_LOOKUP_LATENCY
+    deep_search_latency: Latency = DEFAULT_DEEP_SEARCH_LATENCY
+    seed: int | None = None
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be positive, got {self.time_scale}")
+
+    def rng(self, tool: str) -> random.Random:
+        """One generator per tool, so a tool's latencies do not depend on the other's calls."""
+        return random.Random() if self.seed is None else random.Random(f"{self.seed}:{tool}")
+
+
+def parse_args(argv: list[str]) -> FakeMcpConfig:
+    """Build the config from argv (the subcommand name already removed)."""
+    parser = argparse.ArgumentParser(
+        prog="luftpause fake-mcp", description="An MCP tool server for tests."
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument(
+        "--lookup-latency",
+        type=float,
+        metavar="SECONDS",
+        help="fixed lookup latency (default: uniform 0.5-1.5 s)",
+    )
+    parser.add_argument(
+        "--deep-search-latency",
+        type=float,
+        metavar="SECONDS",
+        help="fixed deep_search latency (default: uniform 2-4 s)",
+    )
+    parser.add_argument("--seed", type=int, help="seed for the random latencies")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="divide every latency by F (default 1)",
+    )
+    ns = parser.parse_args(argv)
+    try:
+        return FakeMcpConfig(
+            host=ns.host,
+            port=ns.port,
+            lookup_latency=_latency(ns.lookup_latency, DEFAULT_LOOKUP_LATENCY),
+            deep_search_latency=_latency(ns.deep_search_latency, DEFAULT_DEEP_SEARCH_LATENCY),
+            seed=ns.seed,
+            time_scale=ns.time_scale,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def _latency(seconds: float | None, default: Latency) -> Latency:
+    return default if seconds is None else Latency.fixed(seconds)
+
+
+def build_server(config: FakeMcpConfig, stats: CallStats) -> MCPServer:
+    """The MCP server with its three tools and the `/stats` and `/health` routes."""
+    server: MCPServer = MCPServer(
+        "luftpause-fake-mcp",
+        instructions="Fake tools for tests: lookup, deep_search, delete_record.",
+    )
+    lookup_rng = config.rng("lookup")
+    deep_search_rng = config.rng("deep_search")
+
+    @server.tool(annotations=_READ_ONLY, structured_output=False)
+    async def lookup(query: str) -> str:
+        """Look up a short answer to the query."""
+        with _counted(stats, "lookup"):
+            await asyncio.sleep(
+                config.lookup_latency.draw(lookup_rng, time_scale=config.time_scale)
+            )
+            return lookup_text(query)
+
+    @server.tool(annotations=_READ_ONLY, structured_output=False)
+    async def deep_search(query: str, depth: Annotated[int, Field(ge=1, le=5)] = 2) -> str:
+        """Search in depth: slower than lookup, and one paragraph per level of depth."""
+        with _counted(stats, "deep_search"):
+            latency = config.deep_search_latency.draw(deep_search_rng, time_scale=config.time_scale)
+            await asyncio.sleep(latency)
+            return deep_search_text(query, depth)
+
+    @server.tool(annotations=_DESTRUCTIVE, structured_output=False)
+    async def delete_record(record_id: str) -> str:
+        """Delete a record by id. Destructive: nothing is really deleted, but callers must ask."""
+        with _counted(stats, "delete_record"):
+            return f"deleted {record_id}"
+
+    @server.custom_route("/stats", methods=["GET"])
+    async def stats_route(request: Request) -> Response:
+        return JSONResponse(stats.snapshot())
+
+    @server.custom_route("/health", methods=["GET"])
+    async def health_route(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    return server
+
+
+@contextlib.contextmanager
+def _counted(stats: CallStats, tool: str) -> Iterator[None]:
+    stats.started(tool)
+    try:
+        yield
+    finally:
+        stats.finished(tool)
+
+
+class _Uvicorn(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to `serve`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn's own handler re-raises the signal after its graceful shutdown, so the
+        # process would die of SIGTERM instead of exiting 0.
+        yield
+
+
+async def serve(config: FakeMcpConfig, log: structlog.stdlib.BoundLogger) -> int:
+    """Serve until SIGINT or SIGTERM; 0 after a clean shutdown, 1 if startup failed."""
+    stats = CallStats()
+    app = build_server(config, stats).streamable_http_app(
+        streamable_http_path="/mcp", host=config.host
+    )
+    server = _Uvicorn(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=_SHUTDOWN_GRACE_SECONDS,
+        )
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.handle_exit, sig, None)
+    log.info("fake_mcp.starting", url=f"http://{config.host}:{config.port}/mcp")
+    try:
+        await server.serve()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    log.info("fake_mcp.stopped", calls=stats.snapshot()["calls"], started=server.started)
+    return 0 if server.started else 1
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `luftpause fake-mcp`."""
+    config = parse_args(argv)
+    log = setup_logging("fake-mcp")
+    return asyncio.run(serve(config, log))

@@ -1,0 +1,62 @@
+"""Builders shared by the scheduler core tests."""
+
+from __future__ import annotations
+
+from luftpause.common.config import Endpoint, EndpointKind
+from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.model import (
+    Action,
+    Admit,
+    Event,
+    Place,
+    ProbeResult,
+    ServiceClass,
+    State,
+    TurnFinished,
+)
+
+MODEL = "m"
+
+
+def endpoint(rid: str, models: tuple[str, ...] = (MODEL,),
+             kind: EndpointKind = EndpointKind.GENERATIVE) -> Endpoint:
+    return Endpoint(id=rid, url=f"http://{rid}:1", models=frozenset(models), kind=kind)
+
+
+def pool(*ids: str, healthy: bool = True) -> State:
+    state = initial_state(endpoint(i) for i in ids)
+    for i in ids:
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=i, healthy=healthy))
+    return state
+
+
+def cap(state: State, rid: str, running: int, at: float = 0.0) -> State:
+    """Make replica `rid` report a waiting queue, so it is capped at `running`."""
+    state, _ = decide(state, ProbeResult(at=at, replica_id=rid, healthy=True, running=running,
+                                         waiting=1))
+    return state
+
+
+def admit(state: State, turn: str, run: str, *, caller: str = "",
+          cls: ServiceClass = ServiceClass.INTERACTIVE, model: str = MODEL,
+          at: float = 1.0) -> tuple[State, tuple[Action, ...]]:
+    return decide(state, Admit(at=at, turn_id=turn, run_id=run, model=model, service_class=cls,
+                               caller=caller))
+
+
+def placed(actions: tuple[Action, ...]) -> dict[str, str]:
+    """turn id -> replica id for every Place among `actions`."""
+    return {a.turn_id: a.replica_id for a in actions if isinstance(a, Place)}
+
+
+def run_events(state: State, events: list[Event]) -> tuple[State, list[Action]]:
+    out: list[Action] = []
+    for ev in events:
+        state, actions = decide(state, ev)
+        out.extend(actions)
+    return state, out
+
+
+def finish(state: State, turn: str, *, tool_calls: bool = False,
+           at: float = 2.0) -> tuple[State, tuple[Action, ...]]:
+    return decide(state, TurnFinished(at=at, turn_id=turn, tool_calls=tool_calls))

@@ -1,0 +1,235 @@
+"""One test per placement rule of the decision core. No event loop, no clock."""
+
+from __future__ import annotations
+
+from luftpause.common.config import EndpointKind
+from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.model import (
+    Admit,
+    Phase,
+    ProbeResult,
+    Reject,
+    Resync,
+    RunEnded,
+    RunExpired,
+    RunSnapshot,
+    ServiceClass,
+    Tick,
+    TurnAbandoned,
+    TurnExpired,
+    TurnFailed,
+    TurnSnapshot,
+)
+from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
+
+BATCH = ServiceClass.BATCH
+
+
+def test_unknown_model_is_rejected_at_once_and_nothing_is_held() -> None:
+    state, actions = admit(pool("a"), "t1", "r1", model="nope")
+    assert actions == (Reject(turn_id="t1", message="no Generative replica serves model 'nope'"),)
+    assert not state.held and not state.runs
+
+
+def test_turn_goes_only_to_a_replica_serving_its_model() -> None:
+    state = initial_state([endpoint("a", ("x",)), endpoint("b", ("y",))])
+    for rid in ("a", "b"):
+        state, _ = decide(state, ProbeResult(at=0, replica_id=rid, healthy=True))
+    _, actions = admit(state, "t1", "r1", model="y")
+    assert placed(actions) == {"t1": "b"}
+
+
+def test_unhealthy_replica_gets_nothing_and_turn_waits_for_health() -> None:
+    state = pool("a", healthy=False)
+    state, actions = admit(state, "t1", "r1")
+    assert not placed(actions) and "t1" in state.held
+    state, actions = decide(state, ProbeResult(at=2, replica_id="a", healthy=True))
+    assert placed(actions) == {"t1": "a"}
+
+
+def test_paused_interactive_run_returns_to_its_replica_even_when_another_has_room() -> None:
+    state = pool("a", "b")
+    state, actions = admit(state, "t1", "r1")
+    home = placed(actions)["t1"]
+    state, _ = finish(state, "t1", tool_calls=True)
+    assert state.runs["r1"].phase is Phase.TOOL_PAUSED
+    for i in range(5):  # load the home replica more than the other
+        state, _ = admit(state, f"x{i}", f"other{i}")
+    state, actions = admit(state, "t2", "r1")
+    assert placed(actions) == {"t2": home}
+
+
+def test_pinned_run_waits_for_its_replica_instead_of_moving() -> None:
+    state = cap(cap(pool("a", "b"), "a", 1), "b", 5)
+    state, actions = admit(state, "t1", "r1")
+    assert placed(actions) == {"t1": "a"}  # least loaded ratio tie broken by id
+    state, _ = finish(state, "t1", tool_calls=True)
+    state, _ = admit(state, "t2", "other")  # fills a
+    assert state.replicas["a"].in_flight == 1
+    state, actions = admit(state, "t3", "r1")
+    assert not placed(actions) and "t3" in state.held
+    state, actions = finish(state, "t2")
+    assert placed(actions) == {"t3": "a"}
+
+
+def test_idle_run_may_move_when_its_replica_is_full() -> None:
+    state = cap(cap(pool("a", "b"), "a", 1), "b", 5)
+    state, _ = admit(state, "t1", "r1")
+    state, _ = finish(state, "t1")  # idle at a
+    state, _ = admit(state, "t2", "other")  # fills a
+    _, actions = admit(state, "t3", "r1")
+    assert placed(actions) == {"t3": "b"}
+
+
+def test_idle_run_prefers_its_last_replica_when_it_has_room() -> None:
+    state = pool("a", "b")
+    state, _ = admit(state, "t0", "other")  # a busier than b
+    state, actions = admit(state, "t1", "r1")
+    home = placed(actions)["t1"]
+    state, _ = finish(state, "t1")
+    _, actions = admit(state, "t2", "r1")
+    assert placed(actions) == {"t2": home}
+
+
+def test_run_whose_replica_went_down_moves() -> None:
+    state = pool("a", "b")
+    state, actions = admit(state, "t1", "r1")
+    home = placed(actions)["t1"]
+    state, _ = finish(state, "t1", tool_calls=True)
+    state, _ = decide(state, ProbeResult(at=3, replica_id=home, healthy=False))
+    _, actions = admit(state, "t2", "r1", at=4)
+    assert placed(actions) == {"t2": ({"a", "b"} - {home}).pop()}
+
+
+def test_engine_without_queue_is_uncapped() -> None:
+    state, _ = decide(pool("a"), ProbeResult(at=0, replica_id="a", healthy=True, running=2,
+                                             waiting=0))
+    for i in range(50):
+        state, actions = admit(state, f"t{i}", f"r{i}")
+        assert placed(actions) == {f"t{i}": "a"}
+
+
+def test_queueing_engine_is_capped_at_what_it_runs() -> None:
+    state = cap(pool("a"), "a", 3)
+    for i in range(5):
+        state, _ = admit(state, f"t{i}", f"r{i}")
+    assert state.replicas["a"].in_flight == 3 and len(state.held) == 2
+
+
+def test_held_turn_is_placed_when_capacity_frees() -> None:
+    state = cap(pool("a"), "a", 1)
+    state, _ = admit(state, "t1", "r1")
+    state, _ = admit(state, "t2", "r2")
+    state, actions = decide(state, TurnFailed(at=3, turn_id="t1"))
+    assert placed(actions) == {"t2": "a"}
+    assert state.runs["r1"].phase is Phase.IDLE
+
+
+def test_held_turns_drain_interactive_before_batch() -> None:
+    state = cap(pool("a"), "a", 1)
+    state, _ = admit(state, "t0", "r0")
+    state, _ = admit(state, "b1", "rb", cls=BATCH, at=1)
+    state, _ = admit(state, "i1", "ri", at=2)
+    _, actions = finish(state, "t0", at=3)
+    assert placed(actions) == {"i1": "a"}
+
+
+def test_held_turns_drain_to_the_caller_with_fewest_turns_in_flight() -> None:
+    state = cap(pool("a"), "a", 3)
+    state, _ = admit(state, "f1", "rf1", caller="flood")
+    state, _ = admit(state, "f2", "rf2", caller="flood")
+    state, _ = admit(state, "q0", "rq0", caller="quiet")
+    state, _ = admit(state, "f3", "rf3", caller="flood", at=2)
+    state, _ = admit(state, "q1", "rq1", caller="quiet", at=3)
+    _, actions = finish(state, "q0", at=4)
+    assert placed(actions) == {"q1": "a"}  # quiet has 0 in flight, flood has 2
+
+
+def test_held_turns_of_equal_standing_drain_in_arrival_order() -> None:
+    state = cap(pool("a"), "a", 1)
+    state, _ = admit(state, "t0", "r0", caller="c0")
+    state, _ = admit(state, "t1", "r1", caller="c1", at=2)
+    state, _ = admit(state, "t2", "r2", caller="c2", at=3)
+    _, actions = finish(state, "t0", at=4)
+    assert placed(actions) == {"t1": "a"}
+
+
+def test_batch_leaves_a_slot_for_each_interactive_run_paused_on_a_tool() -> None:
+    state = cap(pool("a"), "a", 2)
+    state, _ = admit(state, "i1", "ri")
+    state, _ = finish(state, "i1", tool_calls=True)
+    state, actions = admit(state, "b1", "rb1", cls=BATCH)
+    assert placed(actions) == {"b1": "a"}
+    state, actions = admit(state, "b2", "rb2", cls=BATCH)
+    assert not placed(actions)  # the last slot is kept for ri
+    _, actions = admit(state, "i2", "ri")
+    assert placed(actions) == {"i2": "a"}
+
+
+def test_abandoned_held_turn_leaves_the_queue_and_is_never_placed() -> None:
+    state = cap(pool("a"), "a", 1)
+    state, _ = admit(state, "t0", "r0")
+    state, _ = admit(state, "t1", "r1")
+    state, _ = decide(state, TurnAbandoned(at=2, turn_id="t1"))
+    state, actions = finish(state, "t0", at=3)
+    assert not placed(actions) and not state.held
+
+
+def test_retried_admission_of_a_placed_turn_returns_the_same_replica() -> None:
+    state, first = admit(pool("a", "b"), "t1", "r1")
+    _, again = admit(state, "t1", "r1")
+    assert placed(again) == placed(first)
+
+
+def test_turn_never_reported_back_expires_after_ten_minutes() -> None:
+    state, _ = admit(pool("a"), "t1", "r1", at=0)
+    state, actions = decide(state, Tick(at=599))
+    assert not actions
+    state, actions = decide(state, Tick(at=600))
+    assert TurnExpired(turn_id="t1", replica_id="a") in actions
+    assert state.replicas["a"].in_flight == 0 and state.runs["r1"].phase is Phase.IDLE
+
+
+def test_run_idle_for_thirty_minutes_is_forgotten() -> None:
+    state, _ = admit(pool("a"), "t1", "r1", at=0)
+    state, _ = finish(state, "t1", tool_calls=True, at=10)
+    state, actions = decide(state, Tick(at=10 + 1799))
+    assert "r1" in state.runs
+    state, actions = decide(state, Tick(at=10 + 1800))
+    assert actions == (RunExpired(run_id="r1"),) and "r1" not in state.runs
+    assert state.replicas["a"].paused_interactive == 0
+
+
+def test_run_ended_forgets_the_run_and_its_headroom() -> None:
+    state, _ = admit(pool("a"), "t1", "r1")
+    state, _ = finish(state, "t1", tool_calls=True)
+    assert state.replicas["a"].paused_interactive == 1
+    state, _ = decide(state, RunEnded(at=3, run_id="r1"))
+    assert "r1" not in state.runs and state.replicas["a"].paused_interactive == 0
+
+
+def test_resync_replaces_state_with_what_the_dataplane_reported() -> None:
+    state = pool("a", "b")
+    runs = (
+        RunSnapshot(run_id="r1", replica="b", phase=Phase.TOOL_PAUSED,
+                    service_class=ServiceClass.INTERACTIVE, caller="c"),
+        RunSnapshot(run_id="r2", replica="a", phase=Phase.GENERATING, service_class=BATCH,
+                    caller="d"),
+    )
+    turns = (TurnSnapshot(turn_id="t2", run_id="r2", replica="a", model=MODEL,
+                          service_class=BATCH, caller="d"),)
+    state, _ = decide(state, Resync(at=5, dataplane="dp", runs=runs, turns=turns))
+    assert state.replicas["a"].in_flight == 1 and state.replicas["b"].paused_interactive == 1
+    assert state.runs["r1"].phase is Phase.TOOL_PAUSED and state.runs["r1"].replica == "b"
+    assert state.runs["r2"].turns_in_flight == 1 and state.caller_in_flight["d"] == 1
+    _, actions = admit(state, "t3", "r1", at=6)
+    assert placed(actions) == {"t3": "b"}
+
+
+def test_single_pass_turns_never_touch_run_state_or_generative_replicas() -> None:
+    state = initial_state([endpoint("g"), endpoint("s", kind=EndpointKind.SINGLE_PASS)])
+    for rid in ("g", "s"):
+        state, _ = decide(state, ProbeResult(at=0, replica_id=rid, healthy=True))
+    state, actions = decide(state, Admit(at=1, turn_id="c1", run_id="", model=MODEL,
+                                         single_pass=True))
+    assert placed(actions) == {"c1": "s"} and not state.runs and not state.caller_in_flight
