@@ -18,8 +18,9 @@ from luftpause.scheduler.core.model import (
 MODEL = "m"
 
 
-def endpoint(rid: str, models: tuple[str, ...] = (MODEL,),
-             kind: EndpointKind = EndpointKind.GENERATIVE) -> Endpoint:
+def endpoint(
+    rid: str, models: tuple[str, ...] = (MODEL,), kind: EndpointKind = EndpointKind.GENERATIVE
+) -> Endpoint:
     return Endpoint(id=rid, url=f"http://{rid}:1", models=frozenset(models), kind=kind)
 
 
@@ -32,16 +33,25 @@ def pool(*ids: str, healthy: bool = True) -> State:
 
 def cap(state: State, rid: str, running: int, at: float = 0.0) -> State:
     """Make replica `rid` report a waiting queue, so it is capped at `running`."""
-    state, _ = decide(state, ProbeResult(at=at, replica_id=rid, healthy=True, running=running,
-                                         waiting=1))
+    state, _ = decide(
+        state, ProbeResult(at=at, replica_id=rid, healthy=True, running=running, waiting=1)
+    )
     return state
 
 
-def admit(state: State, turn: str, run: str, *, caller: str = "",
-          cls: ServiceClass = ServiceClass.INTERACTIVE, model: str = MODEL,
-          at: float = 1.0) -> tuple[State, tuple[Action, ...]]:
-    return decide(state, Admit(at=at, turn_id=turn, run_id=run, model=model, service_class=cls,
-                               caller=caller))
+def admit(
+    state: State,
+    turn: str,
+    run: str,
+    *,
+    caller: str = "",
+    cls: ServiceClass = ServiceClass.INTERACTIVE,
+    model: str = MODEL,
+    at: float = 1.0,
+) -> tuple[State, tuple[Action, ...]]:
+    return decide(
+        state, Admit(at=at, turn_id=turn, run_id=run, model=model, service_class=cls, caller=caller)
+    )
 
 
 def placed(actions: tuple[Action, ...]) -> dict[str, str]:
@@ -57,6 +67,7 @@ def run_events(state: State, events: list[Event]) -> tuple[State, list[Action]]:
     return state, out
 
 
-def finish(state: State, turn: str, *, tool_calls: bool = False,
-           at: float = 2.0) -> tuple[State, tuple[Action, ...]]:
+def finish(
+    state: State, turn: str, *, tool_calls: bool = False, at: float = 2.0
+) -> tuple[State, tuple[Action, ...]]:
     return decide(state, TurnFinished(at=at, turn_id=turn, tool_calls=tool_calls))

@@ -58,8 +58,9 @@ def _may_unpin(before: State, event: Event, run_id: str) -> bool:
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        endpoints = [Endpoint(id=r, url=f"http://{r}:1", models=frozenset(m))
-                     for r, m in REPLICAS.items()]
+        endpoints = [
+            Endpoint(id=r, url=f"http://{r}:1", models=frozenset(m)) for r, m in REPLICAS.items()
+        ]
         self.state: State = initial_state(endpoints)
         self.now = 0.0
         self.turn_no = 0
@@ -86,14 +87,27 @@ class CoreMachine(RuleBasedStateMachine):
                 if home is not None and home.healthy and turn.model in home.models:
                     assert action.replica_id == run.replica, "pinned run moved"
 
-    @rule(run=st.sampled_from(RUNS), caller=st.sampled_from(CALLERS),
-          batch=st.booleans(), model=st.sampled_from(["m1", "m2"]), dt=st.floats(0, 5))
+    @rule(
+        run=st.sampled_from(RUNS),
+        caller=st.sampled_from(CALLERS),
+        batch=st.booleans(),
+        model=st.sampled_from(["m1", "m2"]),
+        dt=st.floats(0, 5),
+    )
     def admit(self, run: str, caller: str, batch: bool, model: str, dt: float) -> None:
         self.now += dt
         self.turn_no += 1
         cls = ServiceClass.BATCH if batch else ServiceClass.INTERACTIVE
-        self.step(Admit(at=self.now, turn_id=f"t{self.turn_no}", run_id=run, model=model,
-                        service_class=cls, caller=caller))
+        self.step(
+            Admit(
+                at=self.now,
+                turn_id=f"t{self.turn_no}",
+                run_id=run,
+                model=model,
+                service_class=cls,
+                caller=caller,
+            )
+        )
 
     @precondition(lambda self: bool(self.state.turns))
     @rule(data=st.data(), tool_calls=st.booleans(), how=st.sampled_from(["ok", "fail", "gone"]))
@@ -115,12 +129,18 @@ class CoreMachine(RuleBasedStateMachine):
         turn_id = data.draw(st.sampled_from(sorted(self.state.held)))
         self.step(TurnAbandoned(at=self.now, turn_id=turn_id))
 
-    @rule(replica=st.sampled_from(sorted(REPLICAS)), healthy=st.booleans(),
-          running=st.none() | st.integers(0, 4), waiting=st.none() | st.integers(0, 3))
-    def probe(self, replica: str, healthy: bool, running: int | None,
-              waiting: int | None) -> None:
-        self.step(ProbeResult(at=self.now, replica_id=replica, healthy=healthy, running=running,
-                              waiting=waiting))
+    @rule(
+        replica=st.sampled_from(sorted(REPLICAS)),
+        healthy=st.booleans(),
+        running=st.none() | st.integers(0, 4),
+        waiting=st.none() | st.integers(0, 3),
+    )
+    def probe(self, replica: str, healthy: bool, running: int | None, waiting: int | None) -> None:
+        self.step(
+            ProbeResult(
+                at=self.now, replica_id=replica, healthy=healthy, running=running, waiting=waiting
+            )
+        )
 
     @rule(run=st.sampled_from(RUNS))
     def end_run(self, run: str) -> None:
@@ -141,9 +161,11 @@ class CoreMachine(RuleBasedStateMachine):
         s = self.state
         per_replica = Counter(t.replica for t in s.turns.values())
         per_caller = Counter(t.caller for t in s.turns.values() if not t.single_pass)
-        paused = Counter(r.replica for r in s.runs.values()
-                         if r.phase is Phase.TOOL_PAUSED
-                         and r.service_class is ServiceClass.INTERACTIVE)
+        paused = Counter(
+            r.replica
+            for r in s.runs.values()
+            if r.phase is Phase.TOOL_PAUSED and r.service_class is ServiceClass.INTERACTIVE
+        )
         for rid, replica in s.replicas.items():
             assert replica.in_flight == per_replica[rid]
             assert replica.paused_interactive == paused[rid]
@@ -154,6 +176,5 @@ class CoreMachine(RuleBasedStateMachine):
             assert (run.phase is Phase.GENERATING) == (run.turns_in_flight > 0)
 
 
-CoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60,
-                                         deadline=None)
+CoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
 TestCoreInvariants = CoreMachine.TestCase

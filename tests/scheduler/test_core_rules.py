@@ -102,8 +102,9 @@ def test_run_whose_replica_went_down_moves() -> None:
 
 
 def test_engine_without_queue_is_uncapped() -> None:
-    state, _ = decide(pool("a"), ProbeResult(at=0, replica_id="a", healthy=True, running=2,
-                                             waiting=0))
+    state, _ = decide(
+        pool("a"), ProbeResult(at=0, replica_id="a", healthy=True, running=2, waiting=0)
+    )
     for i in range(50):
         state, actions = admit(state, f"t{i}", f"r{i}")
         assert placed(actions) == {f"t{i}": "a"}
@@ -211,13 +212,22 @@ def test_run_ended_forgets_the_run_and_its_headroom() -> None:
 def test_resync_replaces_state_with_what_the_dataplane_reported() -> None:
     state = pool("a", "b")
     runs = (
-        RunSnapshot(run_id="r1", replica="b", phase=Phase.TOOL_PAUSED,
-                    service_class=ServiceClass.INTERACTIVE, caller="c"),
-        RunSnapshot(run_id="r2", replica="a", phase=Phase.GENERATING, service_class=BATCH,
-                    caller="d"),
+        RunSnapshot(
+            run_id="r1",
+            replica="b",
+            phase=Phase.TOOL_PAUSED,
+            service_class=ServiceClass.INTERACTIVE,
+            caller="c",
+        ),
+        RunSnapshot(
+            run_id="r2", replica="a", phase=Phase.GENERATING, service_class=BATCH, caller="d"
+        ),
     )
-    turns = (TurnSnapshot(turn_id="t2", run_id="r2", replica="a", model=MODEL,
-                          service_class=BATCH, caller="d"),)
+    turns = (
+        TurnSnapshot(
+            turn_id="t2", run_id="r2", replica="a", model=MODEL, service_class=BATCH, caller="d"
+        ),
+    )
     state, _ = decide(state, Resync(at=5, dataplane="dp", runs=runs, turns=turns))
     assert state.replicas["a"].in_flight == 1 and state.replicas["b"].paused_interactive == 1
     assert state.runs["r1"].phase is Phase.TOOL_PAUSED and state.runs["r1"].replica == "b"
@@ -230,6 +240,7 @@ def test_single_pass_turns_never_touch_run_state_or_generative_replicas() -> Non
     state = initial_state([endpoint("g"), endpoint("s", kind=EndpointKind.SINGLE_PASS)])
     for rid in ("g", "s"):
         state, _ = decide(state, ProbeResult(at=0, replica_id=rid, healthy=True))
-    state, actions = decide(state, Admit(at=1, turn_id="c1", run_id="", model=MODEL,
-                                         single_pass=True))
+    state, actions = decide(
+        state, Admit(at=1, turn_id="c1", run_id="", model=MODEL, single_pass=True)
+    )
     assert placed(actions) == {"c1": "s"} and not state.runs and not state.caller_in_flight

@@ -58,7 +58,9 @@ class Endpoint:
             raise ConfigError("endpoint id must not be empty")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"endpoint {self.id}: url must be http(s)://host[:port], got {self.url!r}")
+            raise ConfigError(
+                f"endpoint {self.id}: url must be http(s)://host[:port], got {self.url!r}"
+            )
         if not self.models:
             raise ConfigError(f"endpoint {self.id}: models must list at least one model")
         for path in (self.health, self.metrics):
@@ -108,8 +110,16 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
     where = f"endpoints[{index}]"
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where} must be a mapping")
-    unknown = set(raw) - {"id", "url", "models", "kind", "health", "metrics", "api_key_env",
-                          "load_from"}
+    unknown = set(raw) - {
+        "id",
+        "url",
+        "models",
+        "kind",
+        "health",
+        "metrics",
+        "api_key_env",
+        "load_from",
+    }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
     try:

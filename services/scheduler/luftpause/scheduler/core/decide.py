@@ -105,24 +105,37 @@ def _admit(state: State, ev: Admit) -> Decision:
     placed = state.turns.get(ev.turn_id)
     if placed is not None:  # a retry of an admission that already went through
         url = state.replicas[placed.replica].url
-        return state, (Place(turn_id=ev.turn_id, replica_id=placed.replica, replica_url=url,
-                             held_s=0.0),)
+        return state, (
+            Place(turn_id=ev.turn_id, replica_id=placed.replica, replica_url=url, held_s=0.0),
+        )
     if ev.turn_id in state.held:
         return state, ()
     if not serves(state, ev.model, ev.single_pass):
         kind = "Single-pass" if ev.single_pass else "Generative"
-        return state, (Reject(turn_id=ev.turn_id,
-                              message=f"no {kind} replica serves model '{ev.model}'"),)
-    held = HeldTurn(id=ev.turn_id, run_id=ev.run_id, model=ev.model,
-                    service_class=ev.service_class, caller=ev.caller, arrived_at=ev.at,
-                    seq=state.next_seq, dataplane=ev.dataplane, single_pass=ev.single_pass)
+        return state, (
+            Reject(turn_id=ev.turn_id, message=f"no {kind} replica serves model '{ev.model}'"),
+        )
+    held = HeldTurn(
+        id=ev.turn_id,
+        run_id=ev.run_id,
+        model=ev.model,
+        service_class=ev.service_class,
+        caller=ev.caller,
+        arrived_at=ev.at,
+        seq=state.next_seq,
+        dataplane=ev.dataplane,
+        single_pass=ev.single_pass,
+    )
     state = replace(state, held=state.held.set(held.id, held), next_seq=state.next_seq + 1)
     return _drain(state)
 
 
 def _priority(state: State, turn: HeldTurn) -> tuple[bool, int, int]:
-    return (turn.service_class is not ServiceClass.INTERACTIVE,
-            state.caller_in_flight.get(turn.caller, 0), turn.seq)
+    return (
+        turn.service_class is not ServiceClass.INTERACTIVE,
+        state.caller_in_flight.get(turn.caller, 0),
+        turn.seq,
+    )
 
 
 def _drain(state: State) -> Decision:
@@ -143,28 +156,55 @@ def _drain(state: State) -> Decision:
         if replica is None:
             continue
         state = _place(state, turn, replica)
-        actions.append(Place(turn_id=turn.id, replica_id=replica.id, replica_url=replica.url,
-                             held_s=state.now - turn.arrived_at))
+        actions.append(
+            Place(
+                turn_id=turn.id,
+                replica_id=replica.id,
+                replica_url=replica.url,
+                held_s=state.now - turn.arrived_at,
+            )
+        )
     return state, tuple(actions)
 
 
 def _place(state: State, held: HeldTurn, replica: Replica) -> State:
-    turn = Turn(id=held.id, run_id=held.run_id, replica=replica.id, model=held.model,
-                service_class=held.service_class, caller=held.caller, placed_at=state.now,
-                dataplane=held.dataplane, single_pass=held.single_pass)
+    turn = Turn(
+        id=held.id,
+        run_id=held.run_id,
+        replica=replica.id,
+        model=held.model,
+        service_class=held.service_class,
+        caller=held.caller,
+        placed_at=state.now,
+        dataplane=held.dataplane,
+        single_pass=held.single_pass,
+    )
     replicas = state.replicas.set(replica.id, replace(replica, in_flight=replica.in_flight + 1))
-    state = replace(state, held=state.held.delete(held.id), turns=state.turns.set(turn.id, turn),
-                    replicas=replicas)
+    state = replace(
+        state,
+        held=state.held.delete(held.id),
+        turns=state.turns.set(turn.id, turn),
+        replicas=replicas,
+    )
     if held.single_pass:
         return state
     state = _unpause(state, held.run_id)
     old = state.runs.get(held.run_id)
-    run = Run(id=held.run_id, replica=replica.id, phase=Phase.GENERATING,
-              service_class=held.service_class, caller=held.caller,
-              turns_in_flight=(old.turns_in_flight if old else 0) + 1, last_active=state.now)
+    run = Run(
+        id=held.run_id,
+        replica=replica.id,
+        phase=Phase.GENERATING,
+        service_class=held.service_class,
+        caller=held.caller,
+        turns_in_flight=(old.turns_in_flight if old else 0) + 1,
+        last_active=state.now,
+    )
     callers = state.caller_in_flight
-    return replace(state, runs=state.runs.set(run.id, run),
-                   caller_in_flight=callers.set(held.caller, callers.get(held.caller, 0) + 1))
+    return replace(
+        state,
+        runs=state.runs.set(run.id, run),
+        caller_in_flight=callers.set(held.caller, callers.get(held.caller, 0) + 1),
+    )
 
 
 # --- run phase bookkeeping -----------------------------------------------------------------
@@ -202,17 +242,26 @@ def _end_turn(state: State, turn_id: str, at: float, tool_calls: bool) -> State:
     if turn.single_pass:
         return state
     count = state.caller_in_flight.get(turn.caller, 0) - 1
-    callers = (state.caller_in_flight.set(turn.caller, count) if count > 0
-               else state.caller_in_flight.delete(turn.caller)
-               if turn.caller in state.caller_in_flight else state.caller_in_flight)
+    callers = (
+        state.caller_in_flight.set(turn.caller, count)
+        if count > 0
+        else state.caller_in_flight.delete(turn.caller)
+        if turn.caller in state.caller_in_flight
+        else state.caller_in_flight
+    )
     state = replace(state, caller_in_flight=callers)
     run = state.runs.get(turn.run_id)
     if run is None:
         return state
     left = max(run.turns_in_flight - 1, 0)
     phase = run.phase if left else (Phase.TOOL_PAUSED if tool_calls else Phase.IDLE)
-    ended = replace(run, turns_in_flight=left, phase=phase, last_active=at,
-                    replica=turn.replica if not left else run.replica)
+    ended = replace(
+        run,
+        turns_in_flight=left,
+        phase=phase,
+        last_active=at,
+        replica=turn.replica if not left else run.replica,
+    )
     if ended.ended and not left:
         return replace(state, runs=state.runs.delete(run.id))
     state = replace(state, runs=state.runs.set(run.id, ended))
@@ -236,8 +285,9 @@ def _probe(state: State, ev: ProbeResult) -> State:
     replica = state.replicas.get(ev.replica_id)
     if replica is None:
         return state
-    updated = replace(replica, healthy=ev.healthy, engine_running=ev.running,
-                      engine_waiting=ev.waiting)
+    updated = replace(
+        replica, healthy=ev.healthy, engine_running=ev.running, engine_waiting=ev.waiting
+    )
     return replace(state, replicas=state.replicas.set(replica.id, updated))
 
 
@@ -260,15 +310,27 @@ def _resync(state: State, ev: Resync) -> State:
     turns = {tid: t for tid, t in state.turns.items() if t.dataplane != ev.dataplane}
     for snap in ev.turns:
         if snap.replica in state.replicas:
-            turns[snap.turn_id] = Turn(id=snap.turn_id, run_id=snap.run_id, replica=snap.replica,
-                                       model=snap.model, service_class=snap.service_class,
-                                       caller=snap.caller, placed_at=ev.at,
-                                       dataplane=ev.dataplane, single_pass=not snap.run_id)
+            turns[snap.turn_id] = Turn(
+                id=snap.turn_id,
+                run_id=snap.run_id,
+                replica=snap.replica,
+                model=snap.model,
+                service_class=snap.service_class,
+                caller=snap.caller,
+                placed_at=ev.at,
+                dataplane=ev.dataplane,
+                single_pass=not snap.run_id,
+            )
     runs = dict(state.runs.items())
     for rs in ev.runs:
-        runs[rs.run_id] = Run(id=rs.run_id, replica=rs.replica if rs.replica in state.replicas
-                              else "", phase=rs.phase, service_class=rs.service_class,
-                              caller=rs.caller, last_active=ev.at - rs.idle_seconds)
+        runs[rs.run_id] = Run(
+            id=rs.run_id,
+            replica=rs.replica if rs.replica in state.replicas else "",
+            phase=rs.phase,
+            service_class=rs.service_class,
+            caller=rs.caller,
+            last_active=ev.at - rs.idle_seconds,
+        )
     held = state.held.mutate()
     for tid in turns:
         if tid in held:
@@ -289,13 +351,20 @@ def _recount(state: State, turns: dict[str, Turn], runs: dict[str, Run]) -> Stat
             per_run[t.run_id] = per_run.get(t.run_id, 0) + 1
     for rid, run in runs.items():
         n = per_run.get(rid, 0)
-        phase = Phase.GENERATING if n else (
-            Phase.IDLE if run.phase is Phase.GENERATING else run.phase)
+        phase = (
+            Phase.GENERATING if n else (Phase.IDLE if run.phase is Phase.GENERATING else run.phase)
+        )
         runs[rid] = run = replace(run, turns_in_flight=n, phase=phase)
         if _holds_headroom(run) and run.replica:
             paused[run.replica] = paused.get(run.replica, 0) + 1
-    replicas = {rid: replace(r, in_flight=in_flight.get(rid, 0),
-                             paused_interactive=paused.get(rid, 0))
-                for rid, r in state.replicas.items()}
-    return replace(state, turns=immutables.Map(turns), runs=immutables.Map(runs),
-                   replicas=immutables.Map(replicas), caller_in_flight=immutables.Map(callers))
+    replicas = {
+        rid: replace(r, in_flight=in_flight.get(rid, 0), paused_interactive=paused.get(rid, 0))
+        for rid, r in state.replicas.items()
+    }
+    return replace(
+        state,
+        turns=immutables.Map(turns),
+        runs=immutables.Map(runs),
+        replicas=immutables.Map(replicas),
+        caller_in_flight=immutables.Map(callers),
+    )

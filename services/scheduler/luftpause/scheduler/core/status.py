@@ -34,13 +34,15 @@ def status_view(state: State, now: float) -> dict[str, Any]:
         count, oldest = groups.get(key, (0, now))
         groups[key] = (count + 1, min(oldest, t.arrived_at))
     held = [
-        {"class": cls, "caller": caller, "count": count,
-         "oldest_wait_s": round(max(now - oldest, 0.0), 3)}
+        {
+            "class": cls,
+            "caller": caller,
+            "count": count,
+            "oldest_wait_s": round(max(now - oldest, 0.0), 3),
+        }
         for (cls, caller), (count, oldest) in sorted(groups.items())
     ]
-    runs: dict[str, dict[str, int]] = {
-        str(p): {str(c): 0 for c in ServiceClass} for p in Phase
-    }
+    runs: dict[str, dict[str, int]] = {str(p): {str(c): 0 for c in ServiceClass} for p in Phase}
     for run in state.runs.values():
         runs[str(run.phase)][str(run.service_class)] += 1
     return {

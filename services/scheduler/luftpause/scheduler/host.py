@@ -1,0 +1,113 @@
+"""The imperative shell around the decision core: owns the state, applies events, acts.
+
+Shell layer: may read the clock and resolve futures; must not decide anything itself. Every
+decision comes from `core.decide`. Runs on one asyncio loop, so events are applied one at a
+time in arrival order without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from luftpause.common.config import Endpoint
+from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.model import (
+    Action,
+    Event,
+    Place,
+    Reject,
+    RunExpired,
+    State,
+    TurnAbandoned,
+    TurnExpired,
+)
+from luftpause.scheduler.metrics import SchedulerMetrics
+
+log = structlog.get_logger(__name__)
+
+
+class SchedulerError(Exception):
+    """Root of the scheduler's errors.
+
+    SchedulerError
+     └── TurnRejected   the turn can never be placed (unknown model); retrying cannot help
+    """
+
+    code = "scheduler_error"
+    retryable = False
+
+
+class TurnRejected(SchedulerError):
+    code = "unknown_model"
+
+
+@dataclass(slots=True)
+class _Waiters:
+    futures: list[asyncio.Future[Place]] = field(default_factory=list)
+
+
+class SchedulerHost:
+    """Holds the current state and the admissions waiting on it."""
+
+    def __init__(
+        self,
+        endpoints: Iterable[Endpoint],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: SchedulerMetrics | None = None,
+    ) -> None:
+        self.state: State = initial_state(endpoints)
+        self.clock = clock
+        self.metrics = metrics or SchedulerMetrics()
+        self.metrics.bind(self)
+        self._waiters: dict[str, _Waiters] = {}
+
+    def now(self) -> float:
+        return self.clock()
+
+    def apply(self, event: Event) -> tuple[Action, ...]:
+        """Feed one event to the core and carry out its actions."""
+        self.state, actions = decide(self.state, event)
+        for action in actions:
+            self._act(action)
+        return actions
+
+    def _act(self, action: Action) -> None:
+        match action:
+            case Place():
+                self.metrics.placed(action, self.state)
+                for fut in self._waiters.pop(action.turn_id, _Waiters()).futures:
+                    if not fut.done():
+                        fut.set_result(action)
+            case Reject():
+                for fut in self._waiters.pop(action.turn_id, _Waiters()).futures:
+                    if not fut.done():
+                        fut.set_exception(TurnRejected(action.message))
+            case TurnExpired():
+                log.warning("turn expired", turn_id=action.turn_id, replica=action.replica_id)
+                self.metrics.turn_expired()
+            case RunExpired():
+                log.info("run expired", run_id=action.run_id)
+
+    def wait_for(self, turn_id: str) -> asyncio.Future[Place]:
+        """A future resolved when `turn_id` is placed (register before applying Admit)."""
+        fut: asyncio.Future[Place] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(turn_id, _Waiters()).futures.append(fut)
+        return fut
+
+    def give_up(self, turn_id: str, fut: asyncio.Future[Place]) -> None:
+        """The admission behind `fut` was cancelled by its client."""
+        waiters = self._waiters.get(turn_id)
+        if waiters is not None and fut in waiters.futures:
+            waiters.futures.remove(fut)
+            if waiters.futures:
+                return  # another admission of the same turn is still waiting
+            del self._waiters[turn_id]
+        if turn_id in self.state.held or turn_id in self.state.turns:
+            self.metrics.abandoned(self.state, turn_id)
+            self.apply(TurnAbandoned(at=self.now(), turn_id=turn_id))

@@ -1,0 +1,116 @@
+"""`luftpause scheduler`: gRPC on :5000, HTTP status on :5001, the prober and the clock.
+
+Shell layer: wires the host to its servers and timers and runs until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from luftpause.common.config import ConfigError, load_config
+from luftpause.common.logs import setup_logging
+from luftpause.common.runner import run_async
+from luftpause.rpc import scheduler_pb2, scheduler_pb2_grpc
+from luftpause.scheduler.core.model import Tick
+from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.http import build_app
+from luftpause.scheduler.prober import PROBE_PERIOD_S, Prober
+from luftpause.scheduler.rpc import SchedulerService
+
+CLOCK_TICK_S = 1.0
+SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="luftpause scheduler", description=__doc__)
+    p.add_argument(
+        "--config",
+        default=os.environ.get("LUFTPAUSE_CONFIG", "endpoints.yaml"),
+        help="endpoint file (YAML or TOML); env LUFTPAUSE_CONFIG",
+    )
+    p.add_argument("--host", default=os.environ.get("LUFTPAUSE_HOST", "127.0.0.1"))
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(os.environ.get("LUFTPAUSE_SCHEDULER_GRPC_PORT", "5000")),
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=int(os.environ.get("LUFTPAUSE_SCHEDULER_HTTP_PORT", "5001")),
+    )
+    p.add_argument(
+        "--probe-period",
+        type=float,
+        default=PROBE_PERIOD_S,
+        help="seconds between probes, also the probe timeout (default 2)",
+    )
+    return p.parse_args(argv)
+
+
+async def _ticker(host: SchedulerHost) -> None:
+    while True:
+        await asyncio.sleep(CLOCK_TICK_S)
+        host.apply(Tick(at=host.now()))
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    log = setup_logging("scheduler")
+    config = load_config(args.config)
+    host = SchedulerHost(config.endpoints)
+
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server
+    )
+    server.add_insecure_port(f"{args.host}:{args.grpc_port}")
+    await server.start()
+    for name in ("", SERVICE_NAME):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+
+    runner = web.AppRunner(build_app(host), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.http_port).start()
+    log.info(
+        "scheduler listening",
+        grpc=f"{args.host}:{args.grpc_port}",
+        http=f"{args.host}:{args.http_port}",
+        replicas=[e.id for e in config.endpoints],
+    )
+
+    prober = Prober(host, config.endpoints, period=args.probe_period)
+    tasks = [asyncio.create_task(prober.run()), asyncio.create_task(_ticker(host))]
+    try:
+        await stop.wait()
+    finally:
+        log.info("scheduler stopping")
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await server.stop(grace=1.0)
+        await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    """Run the scheduler until SIGINT or SIGTERM."""
+    args = parse_args(argv)
+    try:
+        load_config(args.config)
+    except ConfigError as exc:
+        print(f"luftpause scheduler: {exc}")
+        return 2
+    return run_async(lambda stop: serve(args, stop), signals=(signal.SIGINT, signal.SIGTERM))

@@ -1,0 +1,139 @@
+"""Prometheus metrics of the scheduler, in its own registry (served on :5001/metrics).
+
+Shell layer. Counters and histograms are updated as actions happen; gauges that describe the
+state (in flight per replica, held turns, runs by phase) are read from the state at scrape time
+by a collector, so the hot path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from luftpause.scheduler.core.model import Place, State
+
+if TYPE_CHECKING:
+    from luftpause.scheduler.host import SchedulerHost
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300)
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: SchedulerMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        host = self._metrics.host
+        if host is None:
+            return
+        state = host.state
+        in_flight = GaugeMetricFamily(
+            "luftpause_replica_in_flight_turns",
+            "Turns placed on the replica and not finished",
+            labels=["replica"],
+        )
+        capacity = GaugeMetricFamily(
+            "luftpause_replica_capacity",
+            "Turn cap of the replica (absent while uncapped)",
+            labels=["replica"],
+        )
+        healthy = GaugeMetricFamily(
+            "luftpause_replica_healthy", "1 if the last probe passed", labels=["replica"]
+        )
+        for r in state.replicas.values():
+            in_flight.add_metric([r.id], r.in_flight)
+            healthy.add_metric([r.id], 1.0 if r.healthy else 0.0)
+            if r.capacity is not None:
+                capacity.add_metric([r.id], r.capacity)
+        held = GaugeMetricFamily(
+            "luftpause_held_turns", "Turns waiting for a replica", labels=["class"]
+        )
+        counts: dict[str, int] = {"interactive": 0, "batch": 0}
+        for t in state.held.values():
+            counts[str(t.service_class)] += 1
+        for cls, n in counts.items():
+            held.add_metric([cls], n)
+        runs = GaugeMetricFamily(
+            "luftpause_runs", "Known runs by phase and class", labels=["phase", "class"]
+        )
+        by: dict[tuple[str, str], int] = {}
+        for run in state.runs.values():
+            key = (str(run.phase), str(run.service_class))
+            by[key] = by.get(key, 0) + 1
+        for (phase, cls), n in sorted(by.items()):
+            runs.add_metric([phase, cls], n)
+        yield from (in_flight, capacity, healthy, held, runs)
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.host: SchedulerHost | None = None
+        self.admitted = Counter(
+            "luftpause_turns_admitted",
+            "Turns placed on a replica",
+            ["class"],
+            registry=self.registry,
+        )
+        self.held_turns = Counter(
+            "luftpause_turns_held",
+            "Turns that waited in the scheduler before placement",
+            ["class"],
+            registry=self.registry,
+        )
+        self.failed = Counter(
+            "luftpause_turns_failed",
+            "Turns reported failed or abandoned",
+            ["class"],
+            registry=self.registry,
+        )
+        self.expired = Counter(
+            "luftpause_turns_expired",
+            "Turns dropped after the turn timeout",
+            registry=self.registry,
+        )
+        self.held_seconds = Histogram(
+            "luftpause_held_seconds",
+            "Time a turn waited in the scheduler",
+            ["class"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.admit_seconds = Histogram(
+            "luftpause_admit_seconds",
+            "Admit RPC handling time, hold included",
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(self))
+
+    def bind(self, host: SchedulerHost) -> None:
+        self.host = host
+
+    def placed(self, action: Place, state: State) -> None:
+        turn = state.turns.get(action.turn_id)
+        cls = str(turn.service_class) if turn else "interactive"
+        self.admitted.labels(cls).inc()
+        self.held_seconds.labels(cls).observe(action.held_s)
+        if action.held_s > 0:
+            self.held_turns.labels(cls).inc()
+
+    def abandoned(self, state: State, turn_id: str) -> None:
+        turn = state.turns.get(turn_id) or state.held.get(turn_id)
+        if turn is not None:
+            self.failed.labels(str(turn.service_class)).inc()
+
+    def failed_turn(self, state: State, turn_id: str) -> None:
+        turn = state.turns.get(turn_id)
+        if turn is not None:
+            self.failed.labels(str(turn.service_class)).inc()
+
+    def turn_expired(self) -> None:
+        self.expired.inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,215 @@
+"""The gRPC surface of the scheduler: translates messages to core events and back.
+
+Shell layer: no decisions here. `Admit` registers a waiter, applies the event and awaits the
+placement; a client cancel arrives as CancelledError and becomes `TurnAbandoned`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import structlog
+
+from luftpause.rpc import scheduler_pb2 as pb
+from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
+from luftpause.scheduler.core import model as m
+from luftpause.scheduler.core.status import status_view
+from luftpause.scheduler.host import SchedulerHost, TurnRejected
+
+log = structlog.get_logger(__name__)
+
+_CLASS_IN: dict[int, m.ServiceClass] = {pb.SERVICE_CLASS_BATCH: m.ServiceClass.BATCH}
+_CLASS_OUT = {
+    m.ServiceClass.INTERACTIVE: pb.SERVICE_CLASS_INTERACTIVE,
+    m.ServiceClass.BATCH: pb.SERVICE_CLASS_BATCH,
+}
+_PHASE_IN: dict[int, m.Phase] = {
+    pb.RUN_PHASE_GENERATING: m.Phase.GENERATING,
+    pb.RUN_PHASE_TOOL_PAUSED: m.Phase.TOOL_PAUSED,
+}
+_PHASE_OUT = {
+    m.Phase.IDLE: pb.RUN_PHASE_IDLE,
+    m.Phase.GENERATING: pb.RUN_PHASE_GENERATING,
+    m.Phase.TOOL_PAUSED: pb.RUN_PHASE_TOOL_PAUSED,
+}
+
+
+def service_class(value: int) -> m.ServiceClass:
+    return _CLASS_IN.get(value, m.ServiceClass.INTERACTIVE)
+
+
+def turn_event(ev: pb.TurnEvent, at: float) -> m.Event | None:
+    """The core event for one reported turn event (None for an empty one)."""
+    kind = ev.WhichOneof("kind")
+    if kind == "finished":
+        u = ev.finished.usage
+        return m.TurnFinished(
+            at=at,
+            turn_id=ev.turn_id,
+            tool_calls=ev.finished.tool_calls,
+            prompt_tokens=u.prompt_tokens,
+            completion_tokens=u.completion_tokens,
+            cached_tokens=u.cached_tokens,
+            finish_reason=ev.finished.finish_reason,
+        )
+    if kind == "failed":
+        return m.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
+    if kind == "abandoned":
+        return m.TurnAbandoned(at=at, turn_id=ev.turn_id)
+    if kind == "run_ended":
+        return m.RunEnded(at=at, run_id=ev.run_id)
+    if kind == "started":
+        return m.TurnStarted(at=at, turn_id=ev.turn_id)
+    if kind == "first_token":
+        return m.FirstToken(at=at, turn_id=ev.turn_id)
+    return None
+
+
+def resync_event(req: pb.ResyncRequest, at: float) -> m.Resync:
+    runs = tuple(
+        m.RunSnapshot(
+            run_id=r.run_id,
+            replica=r.replica_id,
+            phase=_PHASE_IN.get(r.phase, m.Phase.IDLE),
+            service_class=service_class(r.service_class),
+            caller=r.caller,
+            idle_seconds=max(r.idle_seconds, 0.0),
+        )
+        for r in req.runs
+        if r.run_id
+    )
+    turns = tuple(
+        m.TurnSnapshot(
+            turn_id=t.turn_id,
+            run_id=t.run_id,
+            replica=t.replica_id,
+            model=t.model,
+            service_class=service_class(t.service_class),
+            caller=t.caller,
+        )
+        for t in req.turns
+        if t.turn_id and t.replica_id
+    )
+    return m.Resync(at=at, dataplane=req.dataplane_id, runs=runs, turns=turns)
+
+
+def status_reply(host: SchedulerHost) -> pb.StatusReply:
+    view = status_view(host.state, host.now())
+    reply = pb.StatusReply(turns_in_flight=view["turns_in_flight"])
+    for r in view["replicas"]:
+        reply.replicas.add(
+            id=r["id"],
+            url=r["url"],
+            healthy=r["healthy"],
+            in_flight=r["in_flight"],
+            capacity=r["capacity"] or 0,
+            capped=r["capped"],
+            engine_running=-1 if r["engine_running"] is None else r["engine_running"],
+            engine_waiting=-1 if r["engine_waiting"] is None else r["engine_waiting"],
+            models=r["models"],
+            kind=r["kind"],
+            paused_interactive=r["paused_interactive"],
+        )
+    for g in view["held"]:
+        reply.held.add(
+            service_class=_CLASS_OUT[m.ServiceClass(g["class"])],
+            caller=g["caller"],
+            count=g["count"],
+            oldest_wait_seconds=g["oldest_wait_s"],
+        )
+    for phase, by_class in view["runs"].items():
+        for cls, count in by_class.items():
+            reply.runs.add(
+                phase=_PHASE_OUT[m.Phase(phase)],
+                service_class=_CLASS_OUT[m.ServiceClass(cls)],
+                count=count,
+            )
+    return reply
+
+
+class SchedulerService(pb_grpc.SchedulerServicer):
+    def __init__(self, host: SchedulerHost) -> None:
+        self.host = host
+
+    async def Admit(
+        self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AdmitReply:
+        started = time.perf_counter()
+        if not request.turn_id or not request.run_id or not request.model:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "turn_id, run_id and model are required"
+            )
+        host = self.host
+        fut = host.wait_for(request.turn_id)
+        host.apply(
+            m.Admit(
+                at=host.now(),
+                turn_id=request.turn_id,
+                run_id=request.run_id,
+                model=request.model,
+                service_class=service_class(request.service_class),
+                caller=request.caller,
+                dataplane=request.dataplane_id,
+            )
+        )
+        try:
+            place = await fut
+        except TurnRejected as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except asyncio.CancelledError:
+            host.give_up(request.turn_id, fut)
+            raise
+        host.metrics.admit_seconds.observe(time.perf_counter() - started)
+        return pb.AdmitReply(
+            turn_id=place.turn_id,
+            replica_id=place.replica_id,
+            replica_url=place.replica_url,
+            held_ms=place.held_s * 1000.0,
+        )
+
+    async def Report(
+        self, request_iterator: AsyncIterator[pb.TurnEvent], context: grpc.aio.ServicerContext
+    ) -> pb.ReportSummary:
+        count = 0
+        async for ev in request_iterator:
+            count += 1
+            event = turn_event(ev, self.host.now())
+            if event is None:
+                continue
+            if isinstance(event, m.TurnFailed):
+                self.host.metrics.failed_turn(self.host.state, event.turn_id)
+            self.host.apply(event)
+        return pb.ReportSummary(events=count)
+
+    async def Resync(
+        self, request: pb.ResyncRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ResyncReply:
+        event = resync_event(request, self.host.now())
+        self.host.apply(event)
+        log.info(
+            "resync", dataplane=request.dataplane_id, runs=len(event.runs), turns=len(event.turns)
+        )
+        return pb.ResyncReply(runs=len(event.runs), turns=len(event.turns))
+
+    async def ListModels(
+        self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListModelsReply:
+        state = self.host.state
+        reply = pb.ListModelsReply()
+        for model in sorted(
+            {*state.generative_by_model.keys(), *state.single_pass_by_model.keys()}
+        ):
+            ids = (
+                *state.generative_by_model.get(model, ()),
+                *state.single_pass_by_model.get(model, ()),
+            )
+            reply.models.add(id=model, replica_ids=ids)
+        return reply
+
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusReply:
+        return status_reply(self.host)
