@@ -9,6 +9,7 @@ that meets them (`transport`, `link`) with ``raise ... from exc``; the HTTP shel
     │   └── BodyTooLarge              body_too_large  413     no
     ├── ModelNotFound                 model_not_found 404     no
     ├── SchedulerError                scheduler       502     no   (a non-retryable gRPC status)
+    ├── SchedulerUnavailable          scheduler_unavailable 503 yes (only where a turn is not held)
     └── EngineError                   engine          502     yes
         ├── EngineUnreachable         engine_unreachable      (no connection, no reply headers)
         └── EngineStreamBroken        engine_stream_broken    (the reply body broke off)
@@ -55,6 +56,14 @@ class SchedulerError(DataplaneError):
 
     code = "scheduler"
     status = 502
+
+
+class SchedulerUnavailable(DataplaneError):
+    """The scheduler cannot be reached; turns are held instead, other calls answer with this."""
+
+    code = "scheduler_unavailable"
+    status = 503
+    retryable = True
 
 
 class EngineError(DataplaneError):

@@ -1,0 +1,115 @@
+"""The dataplane's aiohttp application: routes, the error middleware, startup and shutdown.
+
+Shell module. `build_app` wires a `Dataplane` (link, transport, tables, metrics) into an app;
+`start_server` runs it the way production does (handler cancellation on client disconnect, no
+access log on the hot path), for `main` and for tests alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Mapping
+
+from aiohttp import web
+
+from luftpause.dataplane import wire
+from luftpause.dataplane.context import DATAPLANE, DEFAULT_MAX_BODY_BYTES, Dataplane
+from luftpause.dataplane.forwarding import RUN_ID_HEADER
+from luftpause.dataplane.identity import ToolCallMemory
+from luftpause.dataplane.link import RECONNECT_SECONDS, SchedulerLink
+from luftpause.dataplane.middleware import error_middleware
+from luftpause.dataplane.proxy import chat_completions
+from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
+
+PRUNE_SECONDS = 60.0
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """`GET /v1/models` from the scheduler's ListModels, in OpenAI's list shape."""
+    models = await request.app[DATAPLANE].link.list_models()
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in models]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def end_run(request: web.Request) -> web.Response:
+    """`DELETE /v1/runs/{id}`: the agent says the run is over; forget it here and there."""
+    dp = request.app[DATAPLANE]
+    run_id = request.match_info["id"]
+    dp.link.report(wire.run_ended(run_id))
+    dp.runs.end_run(run_id)
+    dp.memory.forget_run(run_id)
+    return web.json_response({"id": run_id, "deleted": True}, headers={RUN_ID_HEADER: run_id})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[DATAPLANE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def _prune(dp: Dataplane, period: float) -> None:
+    while True:
+        await asyncio.sleep(period)
+        now = dp.clock()
+        dp.memory.prune(now)
+        dp.runs.prune(now)
+
+
+def build_app(
+    *,
+    scheduler: str,
+    dataplane_id: str,
+    api_keys: Mapping[str, str] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
+    reconnect_delay: float = RECONNECT_SECONDS,
+) -> web.Application:
+    """The app; the link and the engine transport open on startup and close on cleanup."""
+    runs = RunTable()
+    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+    link = SchedulerLink(
+        target=scheduler, dataplane_id=dataplane_id, runs=runs, reconnect_delay=reconnect_delay
+    )
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        dp = Dataplane(
+            dataplane_id=dataplane_id,
+            link=link,
+            transport=transport_factory(),
+            runs=runs,
+            memory=ToolCallMemory(),
+            api_keys=dict(api_keys or {}),
+            max_body_bytes=max_body_bytes,
+        )
+        app[DATAPLANE] = dp
+        link.start()
+        pruner = asyncio.create_task(_prune(dp, PRUNE_SECONDS), name="prune")
+        yield
+        pruner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pruner
+        await link.close()
+        await dp.transport.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_delete("/v1/runs/{id}", end_run)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve `app`; returns the runner (call `cleanup()`) and the bound port."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound: int = runner.addresses[0][1] if port == 0 else port
+    return runner, bound

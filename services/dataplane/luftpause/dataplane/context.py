@@ -1,0 +1,65 @@
+"""The objects one dataplane process shares across requests.
+
+Shell module: a plain holder, built once by `app.build_app` and reached from handlers through
+`request.app[DATAPLANE]`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
+from luftpause.dataplane.link import SchedulerLink
+from luftpause.dataplane.metrics import Metrics
+from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.transport import EngineTransport
+from luftpause.dataplane.turn import Turn
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(kw_only=True, slots=True)
+class Dataplane:
+    """Scheduler link, engine transport, the run table and tool call memory, metrics, keys."""
+
+    dataplane_id: str
+    link: SchedulerLink
+    transport: EngineTransport
+    runs: RunTable
+    memory: ToolCallMemory
+    metrics: Metrics = field(default_factory=Metrics)
+    api_keys: Mapping[str, str] = field(default_factory=dict)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    clock: Callable[[], float] = time.monotonic
+
+    def new_turn(
+        self,
+        *,
+        turn_id: str,
+        run_id: str,
+        model: str,
+        service_class: ServiceClass,
+        caller: str,
+        request_bytes: int,
+    ) -> Turn:
+        """A turn wired to this process's link, tables and metrics."""
+        return Turn(
+            turn_id=turn_id,
+            run_id=run_id,
+            model=model,
+            service_class=service_class,
+            caller=caller,
+            request_bytes=request_bytes,
+            report=self.link.report,
+            runs=self.runs,
+            memory=self.memory,
+            metrics=self.metrics,
+            clock=self.clock,
+        )
+
+
+DATAPLANE = web.AppKey("dataplane", Dataplane)

@@ -1,0 +1,88 @@
+"""What crosses the proxy: the request body's checks and the headers each way.
+
+Pure module: no I/O. The body itself is never re-serialised: it is parsed only to check it
+and find the model and messages, and the client's bytes go upstream unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from luftpause.dataplane.errors import BadRequest
+
+RUN_ID_HEADER = "x-luftpause-run-id"
+CLASS_HEADER = "x-luftpause-class"
+CALLER_HEADER = "x-luftpause-caller"
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Accept-Encoding is replaced by identity: the reply must be readable on its way through.
+_NOT_UPSTREAM = _HOP_BY_HOP | {
+    "authorization",
+    "host",
+    "content-length",
+    "accept-encoding",
+    "expect",
+}
+_NOT_DOWNSTREAM = _HOP_BY_HOP | {"content-length", "date", "server"}
+
+
+def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
+    """The model and messages of a chat completion request; `BadRequest` if malformed."""
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("request body must be a JSON object")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string")
+    messages = doc.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    return model, messages
+
+
+def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[str, str]:
+    """The client's end-to-end headers minus its credentials and ours, plus the engine's key."""
+    headers: dict[str, str] = {}
+    has_type = False
+    for name, value in client:
+        low = name.lower()
+        if low in _NOT_UPSTREAM or low.startswith("x-luftpause-"):
+            continue
+        has_type = has_type or low == "content-type"
+        headers[name] = value
+    if not has_type:
+        headers["Content-Type"] = "application/json"
+    headers["Accept-Encoding"] = "identity"
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def downstream_headers(engine: Iterable[tuple[str, str]], run_id: str) -> list[tuple[str, str]]:
+    """The engine's end-to-end headers (Retry-After, rate limits, ...) plus the run id."""
+    headers = [(name, value) for name, value in engine if name.lower() not in _NOT_DOWNSTREAM]
+    headers.append((RUN_ID_HEADER, run_id))
+    return headers
+
+
+def is_event_stream(headers: Mapping[str, str]) -> bool:
+    """True if the engine answered with server-sent events."""
+    return headers.get("Content-Type", "").startswith("text/event-stream")

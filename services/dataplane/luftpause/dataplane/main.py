@@ -1,0 +1,87 @@
+"""`luftpause dataplane`: the OpenAI-compatible proxy process.
+
+Shell module: options and logging; `common.runner` gives the uvloop event loop and signals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Mapping
+
+from luftpause.common.config import Config, ConfigError, load_config
+from luftpause.common.logs import setup_logging
+from luftpause.common.runner import run_async
+from luftpause.dataplane.app import build_app, start_server
+from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Command-line options; ports and the scheduler address default from the environment."""
+    env = os.environ if environ is None else environ
+    parser = argparse.ArgumentParser(prog="luftpause dataplane", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument(
+        "--port", type=int, default=int(env.get("LUFTPAUSE_DATAPLANE_PORT", "8080"))
+    )
+    parser.add_argument(
+        "--scheduler",
+        metavar="HOST:PORT",
+        default=env.get("LUFTPAUSE_SCHEDULER", "127.0.0.1:5000"),
+        help="the scheduler's gRPC address",
+    )
+    parser.add_argument(
+        "--config", metavar="PATH", help="endpoint file; used for engine API keys by replica id"
+    )
+    parser.add_argument(
+        "--id", dest="dataplane_id", default=f"{socket.gethostname()}-{os.getpid()}"
+    )
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    return parser.parse_args(argv)
+
+
+def engine_keys(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Replica id -> API key, for the replicas whose key variable is set."""
+    return {e.id: key for e in config.endpoints if (key := e.api_key(environ))}
+
+
+async def serve(args: argparse.Namespace, api_keys: Mapping[str, str], stop: asyncio.Event) -> None:
+    """Run the dataplane until `stop` is set."""
+    log = setup_logging("dataplane")
+    app = build_app(
+        scheduler=args.scheduler,
+        dataplane_id=args.dataplane_id,
+        api_keys=api_keys,
+        max_body_bytes=args.max_body_bytes,
+    )
+    runner, port = await start_server(app, args.host, args.port)
+    log.info(
+        "dataplane listening",
+        host=args.host,
+        port=port,
+        scheduler=args.scheduler,
+        dataplane_id=args.dataplane_id,
+        engine_keys=sorted(api_keys),
+    )
+    try:
+        await stop.wait()
+    finally:
+        log.info("dataplane stopping")
+        await runner.cleanup()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for `luftpause dataplane`."""
+    args = parse_args(argv)
+    api_keys: dict[str, str] = {}
+    if args.config:
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            print(f"luftpause dataplane: {exc}", file=sys.stderr)
+            return 2
+        api_keys = engine_keys(config)
+    return run_async(lambda stop: serve(args, api_keys, stop))

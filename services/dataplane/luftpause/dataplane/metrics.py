@@ -1,0 +1,66 @@
+"""Prometheus metrics of one dataplane process.
+
+Shell module. Each app gets its own registry (tests run several in one process). Label
+children are bound once here, so the hot path does one lock-protected add per turn and no
+label lookups.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+from luftpause.dataplane.identity import ServiceClass
+
+OUTCOMES = ("finished", "failed", "abandoned")
+_TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    """Turns by class and outcome, proxied bytes, time to first byte."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        turns = Counter(
+            "luftpause_dataplane_turns",
+            "Turns that reached the scheduler, by service class and outcome.",
+            ["service_class", "outcome"],
+            registry=self.registry,
+        )
+        self._turns = {
+            (cls, outcome): turns.labels(cls.name.lower(), outcome)
+            for cls in ServiceClass
+            for outcome in OUTCOMES
+        }
+        proxied = Counter(
+            "luftpause_dataplane_proxied_bytes",
+            "Body bytes proxied: request to the engine, response to the client.",
+            ["direction"],
+            registry=self.registry,
+        )
+        self._request_bytes = proxied.labels("request")
+        self._response_bytes = proxied.labels("response")
+        ttfb = Histogram(
+            "luftpause_dataplane_time_to_first_byte_seconds",
+            "From the request's arrival to the first response body byte sent to the client "
+            "(admission wait included).",
+            ["service_class"],
+            buckets=_TTFB_BUCKETS,
+            registry=self.registry,
+        )
+        self._ttfb = {cls: ttfb.labels(cls.name.lower()) for cls in ServiceClass}
+
+    def turn(
+        self, service_class: ServiceClass, outcome: str, request_bytes: int, response_bytes: int
+    ) -> None:
+        """Count one turn at its end."""
+        self._turns[(service_class, outcome)].inc()
+        if request_bytes:
+            self._request_bytes.inc(request_bytes)
+        if response_bytes:
+            self._response_bytes.inc(response_bytes)
+
+    def first_byte(self, service_class: ServiceClass, seconds: float) -> None:
+        self._ttfb[service_class].observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,206 @@
+"""`POST /v1/chat/completions`: one agent turn through the scheduler to an engine and back.
+
+Shell module, kept thin: the decisions live in `identity`, `forwarding`, `sse`, `reply`, and the
+bookkeeping in `turn`. Per turn: read and check the body, resolve the run, class and caller,
+Admit (held until placed), report started, send the client's bytes to the replica, relay the
+reply's bytes unchanged while observing it, report the end.
+
+`started` is reported right before the request goes to the engine: after the Admit reply and
+the check that the client is still there. So it precedes every outcome (a refused connection
+gives started + failed, as does a 429) and marks, for stream and non-stream turns alike, when
+the scheduler's hold ended and the engine's work began; `first_token` is reported for streams
+only, after the chunk that carried it was sent on.
+
+Client disconnects are detected by aiohttp cancelling this handler (the server runs with
+`handler_cancellation=True`) or by a write failing; in both cases the `finally` blocks close the
+engine response (its socket, so the engine stops) and end the turn (abandoned while held,
+failed once placed).
+"""
+
+from __future__ import annotations
+
+import time
+from uuid import uuid4
+
+import structlog
+from aiohttp import web
+
+from luftpause.dataplane import wire
+from luftpause.dataplane.context import DATAPLANE, Dataplane
+from luftpause.dataplane.errors import (
+    BodyTooLarge,
+    DataplaneError,
+    EngineStreamBroken,
+    EngineUnreachable,
+    ModelNotFound,
+    SchedulerError,
+)
+from luftpause.dataplane.forwarding import (
+    CALLER_HEADER,
+    CLASS_HEADER,
+    RUN_ID_HEADER,
+    downstream_headers,
+    is_event_stream,
+    parse_turn_body,
+    upstream_headers,
+)
+from luftpause.dataplane.identity import cut_caller, echoed_tool_call_ids, parse_service_class
+from luftpause.dataplane.middleware import json_error
+from luftpause.dataplane.reply import summarize_completion
+from luftpause.dataplane.sse import SseObserver
+from luftpause.dataplane.transport import EngineResponse
+from luftpause.dataplane.turn import Turn
+
+CLIENT_GONE = "client disconnected"
+
+log = structlog.get_logger("luftpause.dataplane.proxy")
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """Proxy one turn; every response carries `x-luftpause-run-id`."""
+    arrived = time.perf_counter()
+    dp = request.app[DATAPLANE]
+    run_id = request.headers.get(RUN_ID_HEADER, "").strip()
+    try:
+        body = await _read_body(request, dp.max_body_bytes)
+        model, messages = parse_turn_body(body)
+        if not run_id:
+            run_id = dp.memory.recognise(echoed_tool_call_ids(messages), dp.clock()) or ""
+        run_id = run_id or uuid4().hex
+        service_class = parse_service_class(request.headers.get(CLASS_HEADER))
+    except DataplaneError as exc:
+        return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex)
+    turn = dp.new_turn(
+        turn_id=uuid4().hex,
+        run_id=run_id,
+        model=model,
+        service_class=service_class,
+        caller=cut_caller(request.headers.get(CALLER_HEADER)),
+        request_bytes=len(body),
+    )
+    try:
+        return await _admit_and_proxy(request, dp, turn, body, arrived)
+    finally:
+        turn.close(CLIENT_GONE)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    too_large = BodyTooLarge(f"request body is over the limit of {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+
+
+async def _admit_and_proxy(
+    request: web.Request, dp: Dataplane, turn: Turn, body: bytes, arrived: float
+) -> web.StreamResponse:
+    admit = wire.admit_request(
+        turn_id=turn.turn_id,
+        run_id=turn.run_id,
+        model=turn.model,
+        service_class=turn.service_class,
+        caller=turn.caller,
+        dataplane_id=dp.dataplane_id,
+    )
+    try:
+        reply = await dp.link.admit(admit)
+    except (ModelNotFound, SchedulerError) as exc:
+        turn.rejected()
+        return json_error(exc.status, exc.message, run_id=turn.run_id)
+    turn.placed(reply.replica_id)
+    if request.transport is None or request.transport.is_closing():
+        turn.failed(CLIENT_GONE)  # placed as the client left: free the slot, send nothing
+        return web.Response(status=499)
+    url = reply.replica_url.rstrip("/") + "/v1/chat/completions"
+    headers = upstream_headers(request.headers.items(), dp.api_keys.get(reply.replica_id, ""))
+    turn.started()
+    try:
+        engine = await dp.transport.send(url, headers, body)
+    except EngineUnreachable as exc:
+        log.warning("engine unreachable", replica=reply.replica_id, url=url, error=exc.message)
+        turn.failed(f"engine unreachable: {exc.message}")
+        return json_error(502, f"engine {reply.replica_id}: {exc.message}", run_id=turn.run_id)
+    try:
+        if not 200 <= engine.status < 300:
+            return await _relay_refusal(turn, engine)
+        if is_event_stream(engine.headers):
+            return await _relay_stream(request, dp, turn, engine, arrived)
+        return await _relay_body(dp, turn, engine, arrived)
+    finally:
+        engine.close()
+
+
+async def _relay_refusal(turn: Turn, engine: EngineResponse) -> web.Response:
+    """429, 5xx, 4xx: the engine's status, headers (Retry-After) and body, unchanged."""
+    try:
+        data = await engine.read()
+    except EngineStreamBroken as exc:
+        turn.failed(f"engine status {engine.status}, body broke off: {exc.message}")
+        return json_error(502, f"engine {turn.replica_id}: {exc.message}", run_id=turn.run_id)
+    turn.response_bytes = len(data)
+    turn.failed(f"engine status {engine.status}")
+    return web.Response(
+        status=engine.status,
+        body=data,
+        headers=downstream_headers(engine.headers.items(), turn.run_id),
+    )
+
+
+async def _relay_body(
+    dp: Dataplane, turn: Turn, engine: EngineResponse, arrived: float
+) -> web.Response:
+    try:
+        data = await engine.read()
+    except EngineStreamBroken as exc:
+        log.warning("engine reply broke off", replica=turn.replica_id, error=exc.message)
+        turn.failed(f"engine reply broke off: {exc.message}")
+        return json_error(502, f"engine {turn.replica_id}: {exc.message}", run_id=turn.run_id)
+    turn.response_bytes = len(data)
+    turn.finished(summarize_completion(data))
+    dp.metrics.first_byte(turn.service_class, time.perf_counter() - arrived)
+    return web.Response(
+        status=engine.status,
+        body=data,
+        headers=downstream_headers(engine.headers.items(), turn.run_id),
+    )
+
+
+async def _relay_stream(
+    request: web.Request, dp: Dataplane, turn: Turn, engine: EngineResponse, arrived: float
+) -> web.StreamResponse:
+    """Headers at once, then every engine chunk as it comes, observed after it is sent."""
+    resp = web.StreamResponse(
+        status=engine.status, headers=downstream_headers(engine.headers.items(), turn.run_id)
+    )
+    await resp.prepare(request)
+    observer = SseObserver()
+    sent = 0
+    try:
+        while chunk := await engine.read_chunk():
+            await resp.write(chunk)
+            if not sent:
+                dp.metrics.first_byte(turn.service_class, time.perf_counter() - arrived)
+            sent += len(chunk)
+            if observer.feed(chunk):
+                turn.first_token()
+    except EngineStreamBroken as exc:
+        log.warning("engine stream broke off", replica=turn.replica_id, error=exc.message)
+        turn.response_bytes = sent
+        turn.failed(f"engine stream broke off: {exc.message}")
+        # The client keeps what it got; closing without the last chunk tells it the reply broke.
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+    except ConnectionError:
+        turn.response_bytes = sent
+        turn.failed(CLIENT_GONE)
+        return resp
+    if observer.flush():
+        turn.first_token()
+    turn.response_bytes = sent
+    turn.finished(observer.summary())
+    await resp.write_eof()
+    return resp

@@ -1,0 +1,133 @@
+"""The dataplane's own record of runs and turns in flight: the truth it resyncs to the scheduler.
+
+Pure module: no I/O; time arrives as an argument (monotonic seconds). The proxy updates the
+table as turns go (placed, ended, run ended); the scheduler link snapshots it for `Resync`.
+
+A run is GENERATING while any of its turns is in flight, TOOL_PAUSED after a reply that ended in
+tool calls, IDLE after a normal finish or any failure. A run with no turn for 30 minutes is
+dropped, as the scheduler does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+from luftpause.dataplane.identity import ServiceClass
+
+RUN_IDLE_SECONDS = 30 * 60
+
+
+class Phase(IntEnum):
+    """Numbered as the proto's RunPhase."""
+
+    IDLE = 1
+    GENERATING = 2
+    TOOL_PAUSED = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnRecord:
+    """A placed turn: from the scheduler's reply until its end is reported."""
+
+    turn_id: str
+    run_id: str
+    replica_id: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+
+    def __post_init__(self) -> None:
+        if not self.turn_id or not self.run_id:
+            raise ValueError("a turn needs a turn id and a run id")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRecord:
+    """What the dataplane knows of one run; `since` is when its last turn started or ended."""
+
+    run_id: str
+    replica_id: str
+    phase: Phase
+    service_class: ServiceClass
+    caller: str
+    since: float
+    in_flight: int = 0
+
+    def __post_init__(self) -> None:
+        if self.in_flight < 0:
+            raise ValueError("in_flight must not be negative")
+        if (self.in_flight > 0) != (self.phase is Phase.GENERATING):
+            raise ValueError("a run is GENERATING exactly while a turn of it is in flight")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """Runs (with their idle seconds) and turns in flight, as sent in a Resync."""
+
+    runs: tuple[tuple[RunRecord, float], ...]
+    turns: tuple[TurnRecord, ...]
+
+
+class RunTable:
+    """Runs by id and turns in flight by id, updated as turns go."""
+
+    __slots__ = ("idle_limit", "runs", "turns")
+
+    def __init__(self, idle_limit: float = RUN_IDLE_SECONDS) -> None:
+        self.idle_limit = idle_limit
+        self.runs: dict[str, RunRecord] = {}
+        self.turns: dict[str, TurnRecord] = {}
+
+    def turn_placed(self, turn: TurnRecord, now: float) -> None:
+        """The scheduler placed `turn`: its run is generating on that replica."""
+        self.turns[turn.turn_id] = turn
+        old = self.runs.get(turn.run_id)
+        self.runs[turn.run_id] = RunRecord(
+            run_id=turn.run_id,
+            replica_id=turn.replica_id,
+            phase=Phase.GENERATING,
+            service_class=turn.service_class,
+            caller=turn.caller,
+            since=now,
+            in_flight=(old.in_flight if old else 0) + 1,
+        )
+
+    def turn_ended(self, turn_id: str, *, tool_paused: bool, now: float) -> None:
+        """A turn finished (paused on a tool or not) or failed."""
+        turn = self.turns.pop(turn_id, None)
+        run = self.runs.get(turn.run_id) if turn else None
+        if run is None:
+            return
+        in_flight = max(run.in_flight - 1, 0)
+        paused = Phase.TOOL_PAUSED if tool_paused else Phase.IDLE
+        phase = Phase.GENERATING if in_flight else paused
+        self.runs[run.run_id] = replace(run, phase=phase, in_flight=in_flight, since=now)
+
+    def end_run(self, run_id: str) -> None:
+        """Forget a run that its agent declared over; its turns in flight still end normally."""
+        self.runs.pop(run_id, None)
+
+    def phase(self, run_id: str) -> Phase | None:
+        """The run's phase, or None if unknown."""
+        run = self.runs.get(run_id)
+        return run.phase if run else None
+
+    def prune(self, now: float) -> int:
+        """Drop runs with no turn for `idle_limit` seconds; return how many went."""
+        stale = [r.run_id for r in self.runs.values() if self._expired(r, now)]
+        for run_id in stale:
+            del self.runs[run_id]
+        return len(stale)
+
+    def snapshot(self, now: float) -> Snapshot:
+        """Everything to resync, idle runs past the limit left out."""
+        runs = tuple(
+            (run, max(now - run.since, 0.0))
+            for run in self.runs.values()
+            if not self._expired(run, now)
+        )
+        return Snapshot(runs=runs, turns=tuple(self.turns.values()))
+
+    def _expired(self, run: RunRecord, now: float) -> bool:
+        return run.in_flight == 0 and now - run.since > self.idle_limit

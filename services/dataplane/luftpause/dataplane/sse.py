@@ -1,0 +1,140 @@
+"""Incremental reading of an engine's server-sent events, for facts only: bytes pass unchanged.
+
+Pure module: no I/O, no clock. `LineDecoder` splits bytes into lines across arbitrary chunk
+boundaries (LF, CRLF or CR, as the SSE spec allows), the way httpx's `LineDecoder` does for
+text. `SseObserver` reads the `data:` lines of an OpenAI chat completion stream and notes the
+first token, usage, finish reason and tool call ids.
+
+Cost: until the first token every `data:` line is JSON-decoded (one or two lines). After it a
+line is decoded only if it mentions `tool_calls`, or a `finish_reason` / `usage` that is not
+`null`, so plain content chunks cost two or three `bytes.find` calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from luftpause.dataplane.reply import ReplySummary, Usage, summarize, tool_call_ids_of, usage_of
+
+_TOKEN_KEYS = ("content", "reasoning_content", "reasoning")
+_SKIP = frozenset(b" \t:")
+
+
+class LineDecoder:
+    """Split a byte stream into lines without their terminators."""
+
+    __slots__ = ("_buffer", "_cr")
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._cr = False
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Return the lines completed by `data`."""
+        if self._cr:
+            self._cr = False
+            if data.startswith(b"\n"):
+                data = data[1:]
+        buf = self._buffer + data if self._buffer else data
+        if b"\r" in buf:
+            # A trailing CR ends its line now; a LF opening the next chunk belongs to it.
+            self._cr = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._buffer = lines.pop()
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """Return the unterminated last line, if any, at the end of the stream."""
+        rest, self._buffer, self._cr = self._buffer, b"", False
+        return [rest] if rest else []
+
+
+def _has_value(line: bytes, key: bytes) -> bool:
+    """True if `key` occurs followed by something other than `null`."""
+    i = line.find(key)
+    while i != -1:
+        j = i + len(key)
+        while j < len(line) and line[j] in _SKIP:
+            j += 1
+        if not line.startswith(b"null", j):
+            return True
+        i = line.find(key, j)
+    return False
+
+
+class SseObserver:
+    """Watch a chat completion stream; `feed` says when the first token has just arrived."""
+
+    __slots__ = ("_any_calls", "_finish_reason", "_ids", "_lines", "_usage", "done", "first_token")
+
+    def __init__(self) -> None:
+        self._lines = LineDecoder()
+        self._finish_reason = ""
+        self._usage: Usage | None = None
+        self._ids: list[str] = []
+        self._any_calls = False
+        self.first_token = False
+        self.done = False
+
+    def feed(self, data: bytes) -> bool:
+        """Read a chunk of the stream; True iff this chunk carried the first token."""
+        was = self.first_token
+        for line in self._lines.feed(data):
+            self._line(line)
+        return self.first_token and not was
+
+    def flush(self) -> bool:
+        """Read the unterminated tail at the end of the stream; True iff it had the first token."""
+        was = self.first_token
+        for line in self._lines.flush():
+            self._line(line)
+        return self.first_token and not was
+
+    def summary(self) -> ReplySummary:
+        """What the stream said so far."""
+        return summarize(self._finish_reason, self._usage, self._ids, self._any_calls)
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return
+        if self.first_token and not (
+            b'"tool_calls"' in payload
+            or _has_value(payload, b'"finish_reason"')
+            or _has_value(payload, b'"usage"')
+        ):
+            return
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            return
+        if isinstance(chunk, Mapping):
+            self._chunk(chunk)
+
+    def _chunk(self, chunk: Mapping[str, Any]) -> None:
+        usage = usage_of(chunk.get("usage"))
+        if usage is not None:
+            self._usage = usage
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, Mapping):
+                continue
+            reason = choice.get("finish_reason")
+            if isinstance(reason, str) and reason:
+                self._finish_reason = reason
+            delta = choice.get("delta")
+            if isinstance(delta, Mapping):
+                self._delta(delta)
+
+    def _delta(self, delta: Mapping[str, Any]) -> None:
+        if tool_call_ids_of(delta.get("tool_calls"), self._ids):
+            self._any_calls = True
+            self.first_token = True
+        elif not self.first_token and any(delta.get(key) for key in _TOKEN_KEYS):
+            self.first_token = True

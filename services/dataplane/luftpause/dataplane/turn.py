@@ -1,0 +1,162 @@
+"""One turn's bookkeeping: its events in order, exactly one end, the run table kept current.
+
+Shell-side helper with no I/O of its own: events go to the link's queue (`report` never
+blocks), state to the pure `RunTable` and `ToolCallMemory`, counts to `Metrics`.
+
+Lifecycle and the events it reports::
+
+    HELD --placed--> PLACED --started--> STARTED --first_token--> (STARTED)
+      |                 |                   |
+      | close()         | failed / close()  | finished / failed / close()
+      v                 v                   v
+    ENDED (abandoned)  ENDED (failed)      ENDED (finished | failed)
+
+`rejected` ends a turn the scheduler never recorded (unknown model) without any event.
+`close` is called in a `finally` by the proxy, so a cancelled handler (the client went away)
+still ends its turn: abandoned while held, failed once placed. Cancelling the Admit call
+already drops a held turn at the scheduler; the abandoned event is sent as well because the
+cancel may cross the placement on the wire, and then it frees the slot (the scheduler treats
+abandoned for a placed turn as its end and ignores it for a turn it no longer knows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum, auto
+
+from luftpause.dataplane import wire
+from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
+from luftpause.dataplane.metrics import Metrics
+from luftpause.dataplane.reply import ReplySummary
+from luftpause.dataplane.runs import RunTable, TurnRecord
+from luftpause.rpc import scheduler_pb2 as pb
+
+
+class State(Enum):
+    HELD = auto()
+    PLACED = auto()
+    STARTED = auto()
+    ENDED = auto()
+
+
+class Turn:
+    """A turn from its Admit call to its reported end."""
+
+    __slots__ = (
+        "_clock",
+        "_first_token_sent",
+        "_memory",
+        "_metrics",
+        "_report",
+        "_runs",
+        "caller",
+        "model",
+        "replica_id",
+        "request_bytes",
+        "response_bytes",
+        "run_id",
+        "service_class",
+        "state",
+        "turn_id",
+    )
+
+    def __init__(
+        self,
+        *,
+        turn_id: str,
+        run_id: str,
+        model: str,
+        service_class: ServiceClass,
+        caller: str,
+        request_bytes: int,
+        report: Callable[[pb.TurnEvent], None],
+        runs: RunTable,
+        memory: ToolCallMemory,
+        metrics: Metrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self.turn_id = turn_id
+        self.run_id = run_id
+        self.model = model
+        self.service_class = service_class
+        self.caller = caller
+        self.request_bytes = request_bytes
+        self.response_bytes = 0
+        self.replica_id = ""
+        self.state = State.HELD
+        self._first_token_sent = False
+        self._report = report
+        self._runs = runs
+        self._memory = memory
+        self._metrics = metrics
+        self._clock = clock
+
+    def placed(self, replica_id: str) -> None:
+        """The scheduler placed the turn: the run is generating there."""
+        self._expect(State.HELD)
+        self.replica_id = replica_id
+        self.state = State.PLACED
+        self._runs.turn_placed(
+            TurnRecord(
+                turn_id=self.turn_id,
+                run_id=self.run_id,
+                replica_id=replica_id,
+                model=self.model,
+                service_class=self.service_class,
+                caller=self.caller,
+            ),
+            self._clock(),
+        )
+
+    def started(self) -> None:
+        """The request is going to the engine now."""
+        self._expect(State.PLACED)
+        self.state = State.STARTED
+        self._report(wire.started(self.turn_id, self.run_id))
+
+    def first_token(self) -> None:
+        """The engine sent its first token (reported once)."""
+        if self.state is State.STARTED and not self._first_token_sent:
+            self._first_token_sent = True
+            self._report(wire.first_token(self.turn_id, self.run_id))
+
+    def finished(self, summary: ReplySummary) -> None:
+        """The reply arrived whole; a reply with tool calls pauses the run."""
+        self._expect(State.STARTED)
+        self.state = State.ENDED
+        now = self._clock()
+        if summary.tool_call_ids:
+            self._memory.remember(summary.tool_call_ids, self.run_id, now)
+        self._runs.turn_ended(self.turn_id, tool_paused=summary.tool_calls, now=now)
+        self._report(wire.finished(self.turn_id, self.run_id, summary))
+        self._count("finished")
+
+    def failed(self, reason: str) -> None:
+        """The placed turn failed: its slot is freed and the run left idle."""
+        if self.state not in (State.PLACED, State.STARTED):
+            return
+        self.state = State.ENDED
+        self._runs.turn_ended(self.turn_id, tool_paused=False, now=self._clock())
+        self._report(wire.failed(self.turn_id, self.run_id, reason))
+        self._count("failed")
+
+    def rejected(self) -> None:
+        """The scheduler refused the turn outright; it never existed there."""
+        self._expect(State.HELD)
+        self.state = State.ENDED
+
+    def close(self, reason: str) -> None:
+        """End the turn if nothing else did: abandoned while held, failed once placed."""
+        if self.state is State.HELD:
+            self.state = State.ENDED
+            self._report(wire.abandoned(self.turn_id, self.run_id))
+            self._count("abandoned")
+        elif self.state is not State.ENDED:
+            self.failed(reason)
+
+    def _expect(self, state: State) -> None:
+        if self.state is not state:
+            raise RuntimeError(f"turn {self.turn_id}: {self.state.name}, expected {state.name}")
+
+    def _count(self, outcome: str) -> None:
+        self._metrics.turn(self.service_class, outcome, self.request_bytes, self.response_bytes)

@@ -1,0 +1,116 @@
+"""Fixtures for the dataplane's shell tests: fake scheduler + fake engine + a real dataplane."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from aiohttp import web
+
+from luftpause.dataplane.app import build_app, start_server
+from luftpause.dataplane.context import DATAPLANE, Dataplane
+from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
+from tests.dataplane.fakes import MODEL, FakeEngine, FakeScheduler, start_engine, start_scheduler
+
+ENGINE_KEY = "engine-secret"
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@dataclass
+class Stack:
+    scheduler: FakeScheduler
+    engine: FakeEngine
+    engine_url: str
+    grpc_server: grpc.aio.Server
+    grpc_port: int
+    app: web.Application
+    url: str
+    http: aiohttp.ClientSession
+
+    @property
+    def dp(self) -> Dataplane:
+        return self.app[DATAPLANE]
+
+    async def stop_scheduler(self) -> None:
+        await self.grpc_server.stop(0)
+
+    async def start_scheduler(self) -> None:
+        self.grpc_server, _ = await start_scheduler(self.scheduler, self.grpc_port)
+
+    @staticmethod
+    def chat(**extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        body.update(extra)
+        return body
+
+    async def post(self, body: Any, **headers: str) -> tuple[int, dict[str, str], bytes]:
+        """POST a chat completion; status, headers and body bytes."""
+        kwargs: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
+        async with self.http.post(
+            self.url + "/v1/chat/completions", headers=headers, **kwargs
+        ) as resp:
+            return resp.status, dict(resp.headers), await resp.read()
+
+    async def turn_events(self, turn_id: str, count: int) -> list[str]:
+        """The kinds of the turn's reported events, once `count` of them arrived."""
+        await self.scheduler.changes.until(lambda: len(self.scheduler.events_of(turn_id)) >= count)
+        return self.scheduler.events_of(turn_id)
+
+
+@asynccontextmanager
+async def running_stack(
+    transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
+) -> AsyncIterator[Stack]:
+    engine = FakeEngine()
+    engine_runner, engine_url = await start_engine(engine)
+    scheduler = FakeScheduler(engine_url)
+    server, grpc_port = await start_scheduler(scheduler)
+    app = build_app(
+        scheduler=f"127.0.0.1:{grpc_port}",
+        dataplane_id="dp-test",
+        api_keys={"engine-a": ENGINE_KEY},
+        transport_factory=transport_factory,
+        reconnect_delay=0.05,
+    )
+    runner, port = await start_server(app, "127.0.0.1", 0)
+    http = aiohttp.ClientSession()
+    s = Stack(
+        scheduler=scheduler,
+        engine=engine,
+        engine_url=engine_url,
+        grpc_server=server,
+        grpc_port=grpc_port,
+        app=app,
+        url=f"http://127.0.0.1:{port}",
+        http=http,
+    )
+    try:
+        async with asyncio.timeout(5):
+            await s.dp.link.wait_ready()
+            await scheduler.changes.until(lambda: "report" in scheduler.calls)
+        yield s
+    finally:
+        await http.close()
+        await runner.cleanup()
+        await s.grpc_server.stop(0)
+        await engine_runner.cleanup()
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with running_stack() as s:
+        yield s

@@ -1,0 +1,177 @@
+"""Failure semantics of the turn path, row by row of the seed's table."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from aiohttp import web
+
+from luftpause.dataplane.runs import Phase
+from tests.dataplane.conftest import Stack, closed_port
+from tests.dataplane.fakes import MODEL, delta_chunk, sse
+
+
+async def test_unknown_model_gets_404_with_the_schedulers_message(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        status, headers, data = await stack.post(stack.chat(model="nope"))
+    assert status == 404
+    assert json.loads(data) == {"error": {"message": "no Generative replica serves model 'nope'"}}
+    assert headers["x-luftpause-run-id"]
+    assert stack.engine.seen == []
+
+
+async def test_malformed_json_gets_400_with_a_run_id(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        status, headers, data = await stack.post(
+            b"{nope", **{"x-luftpause-run-id": "run-9", "Content-Type": "application/json"}
+        )
+    assert status == 400 and headers["x-luftpause-run-id"] == "run-9"
+    assert "not valid JSON" in json.loads(data)["error"]["message"]
+    assert stack.scheduler.admits == []
+
+
+async def test_missing_messages_and_unknown_class_get_400(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        no_messages, headers, _ = await stack.post({"model": MODEL})
+        bad_class, _, data = await stack.post(stack.chat(), **{"x-luftpause-class": "urgent"})
+    assert no_messages == 400 and headers["x-luftpause-run-id"]
+    assert bad_class == 400 and "x-luftpause-class" in json.loads(data)["error"]["message"]
+
+
+async def test_body_over_the_limit_gets_413_json(stack: Stack) -> None:
+    stack.dp.max_body_bytes = 100
+    async with asyncio.timeout(10):
+        status, headers, data = await stack.post(stack.chat(pad="x" * 200))
+    assert status == 413 and headers["x-luftpause-run-id"]
+    assert "limit" in json.loads(data)["error"]["message"]
+
+
+async def test_engine_refusing_connections_gets_502_naming_the_replica(stack: Stack) -> None:
+    stack.scheduler.replica_url = f"http://127.0.0.1:{closed_port()}"
+    async with asyncio.timeout(10):
+        status, headers, data = await stack.post(stack.chat())
+        turn_id = stack.scheduler.admits[-1].turn_id
+        events = await stack.turn_events(turn_id, 2)
+    assert status == 502 and headers["x-luftpause-run-id"]
+    assert json.loads(data)["error"]["message"].startswith("engine engine-a: ")
+    assert events == ["started", "failed"]
+    assert stack.dp.runs.phase(headers["x-luftpause-run-id"]) is Phase.IDLE
+
+
+async def test_engine_429_passes_through_with_retry_after(stack: Stack) -> None:
+    body = b'{"error": {"message": "rate limited", "type": "rate_limit"}}'
+
+    async def limited(request: web.Request) -> web.Response:
+        return web.Response(
+            status=429,
+            body=body,
+            content_type="application/json",
+            headers={"Retry-After": "7", "x-ratelimit-remaining-tokens": "0"},
+        )
+
+    stack.engine.handler = limited
+    async with asyncio.timeout(10):
+        status, headers, data = await stack.post(stack.chat(stream=True))
+        turn_id = stack.scheduler.admits[-1].turn_id
+        events = await stack.turn_events(turn_id, 2)
+    assert status == 429 and data == body
+    assert headers["Retry-After"] == "7" and headers["x-ratelimit-remaining-tokens"] == "0"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["x-luftpause-run-id"]
+    assert events == ["started", "failed"]
+
+
+async def test_engine_500_passes_through_unchanged(stack: Stack) -> None:
+    async def broken(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="overloaded")
+
+    stack.engine.handler = broken
+    async with asyncio.timeout(10):
+        status, _, data = await stack.post(stack.chat())
+    assert status == 503 and data == b"overloaded"
+
+
+async def raw_request(
+    stack: Stack, body: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = stack.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: dp\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    return reader, writer
+
+
+async def test_client_leaving_while_held_cancels_admit_and_no_engine_request_is_made(
+    stack: Stack,
+) -> None:
+    stack.scheduler.hold = True
+    async with asyncio.timeout(10):
+        _, writer = await raw_request(stack, json.dumps(stack.chat()).encode())
+        await stack.scheduler.changes.until(lambda: len(stack.scheduler.admits) == 1)
+        writer.close()
+        await writer.wait_closed()
+        turn_id = stack.scheduler.admits[0].turn_id
+        await stack.scheduler.changes.until(lambda: stack.scheduler.admits_cancelled == [turn_id])
+        events = await stack.turn_events(turn_id, 1)
+    assert events == ["abandoned"]
+    assert stack.engine.seen == []
+    assert stack.dp.runs.turns == {}
+
+
+async def test_client_leaving_mid_stream_closes_the_engine_connection(stack: Stack) -> None:
+    first = sse(delta_chunk({"content": "a"}), done=False)[0]
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first)
+        await asyncio.Event().wait()  # until the dataplane hangs up
+        return resp
+
+    stack.engine.handler = slow
+    async with asyncio.timeout(10):
+        async with aiohttp.ClientSession() as http:
+            resp = await http.post(stack.url + "/v1/chat/completions", json=stack.chat(stream=True))
+            assert await resp.content.readany() == first
+            resp.close()
+        await stack.engine.changes.until(lambda: stack.engine.disconnects == 1)
+        turn_id = stack.scheduler.admits[-1].turn_id
+        events = await stack.turn_events(turn_id, 3)
+    assert events == ["started", "first_token", "failed"]
+
+
+async def test_engine_breaking_mid_stream_cuts_the_client_off_without_done(stack: Stack) -> None:
+    sent = sse(delta_chunk({"content": "a"}), delta_chunk({"content": "b"}), done=False)
+
+    async def breaks(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in sent:
+            await resp.write(chunk)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    stack.engine.handler = breaks
+    received = b""
+    async with asyncio.timeout(10):
+        async with stack.http.post(
+            stack.url + "/v1/chat/completions", json=stack.chat(stream=True)
+        ) as resp:
+            assert resp.status == 200
+            try:
+                async for chunk in resp.content.iter_any():
+                    received += chunk
+                cut_off = False
+            except aiohttp.ClientPayloadError:
+                cut_off = True
+        turn_id = stack.scheduler.admits[-1].turn_id
+        events = await stack.turn_events(turn_id, 3)
+    assert cut_off and received == b"".join(sent)
+    assert events == ["started", "first_token", "failed"]

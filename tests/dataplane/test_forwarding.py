@@ -1,0 +1,77 @@
+"""What crosses the proxy: body checks and the headers each way."""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.dataplane.errors import BadRequest
+from luftpause.dataplane.forwarding import downstream_headers, parse_turn_body, upstream_headers
+
+
+def test_body_gives_model_and_messages() -> None:
+    model, messages = parse_turn_body(b'{"model": "m", "messages": [{"role": "user"}]}')
+    assert model == "m" and messages == [{"role": "user"}]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"\xff\xfe",
+        b"[]",
+        b'{"messages": [{"role": "user"}]}',
+        b'{"model": "", "messages": [{"role": "user"}]}',
+        b'{"model": 3, "messages": [{"role": "user"}]}',
+        b'{"model": "m"}',
+        b'{"model": "m", "messages": []}',
+        b'{"model": "m", "messages": {"role": "user"}}',
+    ],
+)
+def test_malformed_bodies_are_bad_requests(body: bytes) -> None:
+    with pytest.raises(BadRequest):
+        parse_turn_body(body)
+
+
+def test_client_credentials_and_our_headers_do_not_go_upstream() -> None:
+    client = [
+        ("Host", "dp:8080"),
+        ("Authorization", "Bearer client-secret"),
+        ("Content-Length", "12"),
+        ("Content-Type", "application/json"),
+        ("Connection", "keep-alive"),
+        ("Accept-Encoding", "gzip"),
+        ("X-Luftpause-Run-Id", "r"),
+        ("x-luftpause-caller", "c"),
+        ("Traceparent", "00-abc-def-01"),
+        ("User-Agent", "agent/1"),
+    ]
+    assert upstream_headers(client, api_key="") == {
+        "Content-Type": "application/json",
+        "Traceparent": "00-abc-def-01",
+        "User-Agent": "agent/1",
+        "Accept-Encoding": "identity",
+    }
+
+
+def test_engine_key_goes_upstream_as_bearer_and_json_is_the_default_type() -> None:
+    headers = upstream_headers([("Authorization", "Bearer client")], api_key="k")
+    assert headers["Authorization"] == "Bearer k"
+    assert headers["Content-Type"] == "application/json"
+
+
+def test_engine_headers_come_back_with_the_run_id() -> None:
+    engine = [
+        ("Content-Type", "application/json"),
+        ("Retry-After", "3"),
+        ("x-ratelimit-remaining-tokens", "10"),
+        ("Content-Length", "5"),
+        ("Transfer-Encoding", "chunked"),
+        ("Server", "uvicorn"),
+        ("Date", "today"),
+    ]
+    assert downstream_headers(engine, "run-1") == [
+        ("Content-Type", "application/json"),
+        ("Retry-After", "3"),
+        ("x-ratelimit-remaining-tokens", "10"),
+        ("x-luftpause-run-id", "run-1"),
+    ]

@@ -1,0 +1,140 @@
+"""The scheduler link: Resync before every Report stream, turns held through outages."""
+
+from __future__ import annotations
+
+import asyncio
+
+from luftpause.rpc import scheduler_pb2 as pb
+from tests.dataplane.conftest import Stack
+
+
+def kinds_after(calls: list[str], start: int) -> list[str]:
+    return [c for c in calls[start:] if c in ("resync", "report", "admit", "report-broken")]
+
+
+async def test_startup_sends_resync_before_opening_report(stack: Stack) -> None:
+    assert stack.scheduler.calls[:2] == ["resync", "report"]
+    assert stack.scheduler.resyncs[0].dataplane_id == "dp-test"
+    assert list(stack.scheduler.resyncs[0].runs) == []
+
+
+async def test_broken_report_stream_reconnects_with_resync_first(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        await stack.post(stack.chat(), **{"x-luftpause-run-id": "run-1"})
+        mark = len(stack.scheduler.calls)
+        stack.scheduler.break_report_streams()
+        await stack.scheduler.changes.until(
+            lambda: kinds_after(stack.scheduler.calls, mark)[-2:] == ["resync", "report"]
+        )
+        await stack.dp.link.wait_ready()
+    assert kinds_after(stack.scheduler.calls, mark) == ["report-broken", "resync", "report"]
+    runs = {r.run_id: r for r in stack.scheduler.resyncs[-1].runs}
+    assert runs["run-1"].phase == pb.RUN_PHASE_IDLE
+    assert runs["run-1"].replica_id == "engine-a"
+    assert runs["run-1"].service_class == pb.SERVICE_CLASS_INTERACTIVE
+
+
+async def test_events_after_a_reconnect_go_on_the_new_stream(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        stack.scheduler.break_report_streams()
+        await stack.scheduler.changes.until(lambda: stack.scheduler.calls.count("report") == 2)
+        await stack.dp.link.wait_ready()
+        await stack.post(stack.chat())
+        events = await stack.turn_events(stack.scheduler.admits[-1].turn_id, 3)
+    assert events == ["started", "first_token", "finished"]
+
+
+async def test_resync_carries_turns_in_flight(stack: Stack) -> None:
+    release = asyncio.Event()
+
+    async def slow(request: object) -> object:
+        await release.wait()
+        return await stack.engine.stream(request)  # type: ignore[arg-type]
+
+    stack.engine.handler = slow  # type: ignore[assignment]
+    async with asyncio.timeout(10):
+        pending = asyncio.create_task(
+            stack.post(
+                stack.chat(), **{"x-luftpause-run-id": "run-busy", "x-luftpause-caller": "c1"}
+            )
+        )
+        await stack.engine.changes.until(lambda: len(stack.engine.seen) == 1)
+        stack.scheduler.break_report_streams()
+        resyncs = len(stack.scheduler.resyncs)
+        await stack.scheduler.changes.until(lambda: len(stack.scheduler.resyncs) > resyncs)
+        release.set()
+        status, _, _ = await pending
+    resync = stack.scheduler.resyncs[-1]
+    [turn] = resync.turns
+    assert (turn.run_id, turn.replica_id, turn.model, turn.caller) == (
+        "run-busy",
+        "engine-a",
+        "sim-model",
+        "c1",
+    )
+    assert turn.turn_id == stack.scheduler.admits[-1].turn_id
+    assert {r.run_id: r.phase for r in resync.runs} == {"run-busy": pb.RUN_PHASE_GENERATING}
+    assert status == 200
+
+
+async def test_unreachable_admit_is_retried_under_the_same_turn_id_after_a_resync(
+    stack: Stack,
+) -> None:
+    stack.scheduler.fail_admits = 2
+    mark = len(stack.scheduler.calls)
+    async with asyncio.timeout(10):
+        status, _, _ = await stack.post(stack.chat())
+    admits = stack.scheduler.admits
+    assert status == 200
+    assert len(admits) == 3 and len({a.turn_id for a in admits}) == 1
+    calls = kinds_after(stack.scheduler.calls, mark)
+    assert calls == ["admit", "resync", "report", "admit", "resync", "report", "admit"]
+
+
+async def test_turn_is_held_while_the_scheduler_is_down_and_admitted_once_it_is_back(
+    stack: Stack,
+) -> None:
+    async with asyncio.timeout(15):
+        await stack.post(stack.chat(), **{"x-luftpause-run-id": "run-old"})
+        await stack.stop_scheduler()
+        held = asyncio.create_task(stack.post(stack.chat(), **{"x-luftpause-run-id": "run-new"}))
+        done, _ = await asyncio.wait({held}, timeout=0.3)
+        assert not done, "a turn must wait for the scheduler, not fail"
+        mark = len(stack.scheduler.calls)
+        await stack.start_scheduler()
+        status, headers, _ = await held
+    assert status == 200 and headers["x-luftpause-run-id"] == "run-new"
+    calls = kinds_after(stack.scheduler.calls, mark)
+    assert calls.index("resync") < calls.index("admit")
+    assert "run-old" in {r.run_id for r in stack.scheduler.resyncs[-1].runs}
+
+
+async def test_models_come_from_the_scheduler_in_openai_list_shape(stack: Stack) -> None:
+    async with asyncio.timeout(10), stack.http.get(stack.url + "/v1/models") as resp:
+        body = await resp.json()
+    assert resp.status == 200
+    assert body == {
+        "object": "list",
+        "data": [{"id": "sim-model", "object": "model", "created": 0, "owned_by": "luftpause"}],
+    }
+
+
+async def test_models_answer_503_json_while_the_scheduler_is_down(stack: Stack) -> None:
+    await stack.stop_scheduler()
+    async with asyncio.timeout(10), stack.http.get(stack.url + "/v1/models") as resp:
+        body = await resp.json()
+    assert resp.status == 503 and body["error"]["message"].startswith("scheduler")
+
+
+async def test_deleting_a_run_reports_its_end_and_forgets_it(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        await stack.post(stack.chat(), **{"x-luftpause-run-id": "run-done"})
+        async with stack.http.delete(stack.url + "/v1/runs/run-done") as resp:
+            body = await resp.json()
+        await stack.scheduler.changes.until(
+            lambda: any(e.WhichOneof("kind") == "run_ended" for e in stack.scheduler.events)
+        )
+    assert resp.status == 200 and body == {"id": "run-done", "deleted": True}
+    ended = [e for e in stack.scheduler.events if e.WhichOneof("kind") == "run_ended"]
+    assert [e.run_id for e in ended] == ["run-done"]
+    assert stack.dp.runs.phase("run-done") is None

@@ -1,0 +1,103 @@
+"""The run table: phases as turns go, idle expiry, the snapshot a Resync carries."""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.dataplane.identity import ServiceClass
+from luftpause.dataplane.runs import Phase, RunRecord, RunTable, TurnRecord
+
+MINUTE = 60.0
+
+
+def turn(turn_id: str, run_id: str = "run-1", replica: str = "engine-a") -> TurnRecord:
+    return TurnRecord(
+        turn_id=turn_id,
+        run_id=run_id,
+        replica_id=replica,
+        model="m",
+        service_class=ServiceClass.BATCH,
+        caller="me",
+    )
+
+
+def test_run_generates_while_its_turn_is_in_flight() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    assert table.phase("run-1") is Phase.GENERATING
+    assert set(table.turns) == {"t1"}
+
+
+def test_reply_with_tool_calls_pauses_the_run() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    table.turn_ended("t1", tool_paused=True, now=1.0)
+    assert table.phase("run-1") is Phase.TOOL_PAUSED
+    assert table.turns == {}
+
+
+def test_normal_finish_or_failure_leaves_the_run_idle() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    table.turn_ended("t1", tool_paused=False, now=1.0)
+    assert table.phase("run-1") is Phase.IDLE
+
+
+def test_run_with_two_turns_in_flight_generates_until_both_end() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    table.turn_placed(turn("t2"), now=0.0)
+    table.turn_ended("t1", tool_paused=True, now=1.0)
+    assert table.phase("run-1") is Phase.GENERATING
+    table.turn_ended("t2", tool_paused=True, now=2.0)
+    assert table.phase("run-1") is Phase.TOOL_PAUSED
+
+
+def test_next_turn_moves_the_run_to_its_new_replica() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    table.turn_ended("t1", tool_paused=False, now=1.0)
+    table.turn_placed(turn("t2", replica="engine-b"), now=2.0)
+    assert table.runs["run-1"].replica_id == "engine-b"
+
+
+def test_snapshot_carries_idle_seconds_and_turns_in_flight() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1", run_id="paused"), now=0.0)
+    table.turn_ended("t1", tool_paused=True, now=10.0)
+    table.turn_placed(turn("t2", run_id="busy"), now=20.0)
+    snap = table.snapshot(now=25.0)
+    idle = {run.run_id: (run.phase, seconds) for run, seconds in snap.runs}
+    assert idle == {"paused": (Phase.TOOL_PAUSED, 15.0), "busy": (Phase.GENERATING, 5.0)}
+    assert [t.turn_id for t in snap.turns] == ["t2"]
+
+
+def test_runs_idle_over_thirty_minutes_are_left_out_and_pruned() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1", run_id="old"), now=0.0)
+    table.turn_ended("t1", tool_paused=True, now=0.0)
+    table.turn_placed(turn("t2", run_id="long"), now=0.0)  # in flight: never dropped
+    assert [r.run_id for r, _ in table.snapshot(now=31 * MINUTE).runs] == ["long"]
+    assert table.prune(now=31 * MINUTE) == 1
+    assert set(table.runs) == {"long"}
+
+
+def test_ended_run_is_forgotten_and_its_late_turn_end_does_not_revive_it() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    table.end_run("run-1")
+    table.turn_ended("t1", tool_paused=True, now=1.0)
+    assert table.phase("run-1") is None and table.turns == {}
+
+
+def test_run_record_refuses_a_phase_that_contradicts_its_turns() -> None:
+    with pytest.raises(ValueError):
+        RunRecord(
+            run_id="r",
+            replica_id="e",
+            phase=Phase.IDLE,
+            service_class=ServiceClass.BATCH,
+            caller="",
+            since=0.0,
+            in_flight=1,
+        )
