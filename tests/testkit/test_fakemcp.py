@@ -14,14 +14,15 @@ from typing import Any
 
 import aiohttp
 import pytest
+from mcp import Client
+from mcp.types import TextContent
+
 from luftpause.testkit.fakemcp.core import CallStats, Latency, deep_search_text, lookup_text
 from luftpause.testkit.fakemcp.server import (
     DEFAULT_DEEP_SEARCH_LATENCY,
     DEFAULT_LOOKUP_LATENCY,
     parse_args,
 )
-from mcp import Client
-from mcp.types import TextContent
 
 LUFTPAUSE = Path(sys.executable).with_name("luftpause")
 STARTUP_TIMEOUT = 20.0

@@ -13,6 +13,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import aiohttp
 
@@ -43,11 +44,16 @@ class Proc:
         *,
         name: str = "",
         log_path: Path | None = None,
+        inherit_output: bool = False,
+        own_session: bool = False,
         env: dict[str, str] | None = None,
     ) -> None:
         self.args = [luftpause_exe(), *args]
         self.name = name or args[0]
         self.log_path = log_path
+        self.inherit_output = inherit_output
+        # In its own session a child does not get the terminal's Ctrl-C; its parent stops it.
+        self.own_session = own_session
         self.env = env
         self.proc: asyncio.subprocess.Process | None = None
 
@@ -58,14 +64,20 @@ class Proc:
 
     async def start(self) -> Proc:
         # A log file opened for a child's lifetime; the open is instant on a local disk.
-        out = open(self.log_path, "ab") if self.log_path else asyncio.subprocess.DEVNULL  # noqa: SIM115, ASYNC230
-        env = {**os.environ, "LUFTPAUSE_LOG_FORMAT": "json", **(self.env or {})}
+        out: int | BinaryIO | None = asyncio.subprocess.DEVNULL
+        if self.inherit_output:
+            out = None
+        elif self.log_path:
+            out = open(self.log_path, "ab")  # noqa: SIM115, ASYNC230
+        env = {**os.environ, **(self.env or {})}
+        if not self.inherit_output:
+            env.setdefault("LUFTPAUSE_LOG_FORMAT", "json")
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.args, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, env=env
             )
         finally:
-            if not isinstance(out, int):
+            if out is not None and not isinstance(out, int):
                 out.close()
         return self
 

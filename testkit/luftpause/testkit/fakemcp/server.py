@@ -22,6 +22,12 @@ from typing import Annotated
 
 import structlog
 import uvicorn
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
 from luftpause.common.logs import setup_logging
 from luftpause.testkit.fakemcp.core import (
     CallStats,
@@ -29,11 +35,6 @@ from luftpause.testkit.fakemcp.core import (
     deep_search_text,
     lookup_text,
 )
-from mcp.server.mcpserver import MCPServer
-from mcp.types import ToolAnnotations
-from pydantic import Field
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 DEFAULT_LOOKUP_LATENCY = Latency(low=0.5, high=1.5)
 DEFAULT_DEEP_SEARCH_LATENCY = Latency(low=2.0, high=4.0)

@@ -1,0 +1,122 @@
+"""A local stack on free loopback ports for tests and benchmarks: engines, scheduler, dataplane.
+
+Shell module. Every process is a real `luftpause <subcommand>` child; the caller's
+AsyncExitStack stops them all (by PID) when it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from luftpause.testkit.procs import Proc, free_port
+
+SIM_MODEL = "luftpause-sim"
+
+
+@dataclass
+class LocalStack:
+    """Simulated engines, a scheduler and (optionally) a dataplane on free loopback ports."""
+
+    workdir: Path
+    engine_args: tuple[str, ...] = ()
+    engines: int = 2
+    with_dataplane: bool = True
+    engine_ports: list[int] = field(default_factory=list)
+    grpc_port: int = 0
+    http_port: int = 0
+    dataplane_port: int = 0
+    procs: dict[str, Proc] = field(default_factory=dict)
+
+    async def start(self, stack: AsyncExitStack) -> LocalStack:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.engine_ports = [free_port() for _ in range(self.engines)]
+        lines = ["endpoints:"]
+        for i, port in enumerate(self.engine_ports):
+            eid = f"engine-{i}"
+            lines += [
+                f"  - id: {eid}",
+                f"    url: http://127.0.0.1:{port}",
+                f"    models: [{SIM_MODEL}]",
+            ]
+            await self._spawn(
+                stack,
+                eid,
+                [
+                    "fake-engine",
+                    "--port",
+                    str(port),
+                    "--id",
+                    eid,
+                    "--model",
+                    SIM_MODEL,
+                    *self.engine_args,
+                ],
+                f"http://127.0.0.1:{port}/health",
+            )
+        config = self.workdir / "endpoints.yaml"
+        config.write_text("\n".join(lines) + "\n")
+        self.grpc_port, self.http_port = free_port(), free_port()
+        await self._spawn(
+            stack,
+            "scheduler",
+            [
+                "scheduler",
+                "--config",
+                str(config),
+                "--grpc-port",
+                str(self.grpc_port),
+                "--http-port",
+                str(self.http_port),
+            ],
+            f"http://127.0.0.1:{self.http_port}/health",
+        )
+        if self.with_dataplane:
+            self.dataplane_port = free_port()
+            await self._spawn(
+                stack,
+                "dataplane",
+                [
+                    "dataplane",
+                    "--port",
+                    str(self.dataplane_port),
+                    "--scheduler",
+                    f"127.0.0.1:{self.grpc_port}",
+                    "--config",
+                    str(config),
+                ],
+                f"http://127.0.0.1:{self.dataplane_port}/health",
+            )
+        return self
+
+    async def _spawn(self, stack: AsyncExitStack, name: str, args: list[str], ready: str) -> None:
+        proc = await Proc(args, name=name, log_path=self.workdir / f"{name}.log").start()
+        stack.push_async_callback(proc.stop)
+        await proc.wait_http(ready)
+        self.procs[name] = proc
+
+    @property
+    def base_url(self) -> str:
+        """The dataplane's OpenAI base URL."""
+        return f"http://127.0.0.1:{self.dataplane_port}/v1"
+
+    @property
+    def status_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/status"
+
+    def engine_url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.engine_ports[index]}"
+
+    async def wait_healthy(self, timeout: float = 20.0) -> None:
+        """Until the scheduler has seen every engine healthy."""
+        async with aiohttp.ClientSession() as s, asyncio.timeout(timeout):
+            while True:
+                async with s.get(self.status_url) as resp:
+                    st = await resp.json()
+                if all(r["healthy"] for r in st["replicas"]):
+                    return
+                await asyncio.sleep(0.05)
