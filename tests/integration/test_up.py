@@ -1,0 +1,108 @@
+"""`luftpause up`: the whole local stack as child processes, stopped as one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+
+from luftpause.testkit.procs import Proc, free_port
+
+
+@dataclass
+class Up:
+    proc: Proc
+    log: Path
+    dataplane: int
+
+    def children(self) -> list[int]:
+        """PIDs of the processes `up` started (read from /proc, Linux)."""
+        path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        return [int(p) for p in path.read_text().split()]
+
+
+@pytest.fixture
+async def up(tmp_path: Path) -> AsyncIterator[Up]:
+    ports = {name: free_port() for name in ("dataplane", "grpc", "http", "mcp", "runtime")}
+    engine = free_port()
+    args = [
+        "up",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--engine-port",
+        str(engine),
+        "--time-scale",
+        "20",
+        "--dataplane-port",
+        str(ports["dataplane"]),
+        "--grpc-port",
+        str(ports["grpc"]),
+        "--http-port",
+        str(ports["http"]),
+        "--mcp-port",
+        str(ports["mcp"]),
+        "--runtime-port",
+        str(ports["runtime"]),
+    ]
+    log = tmp_path / "up.log"
+    proc = await Proc(args, log_path=log).start()
+    try:
+        await proc.wait_http(f"http://127.0.0.1:{ports['dataplane']}/health", timeout=60)
+        async with asyncio.timeout(30):
+            while "the stack is up" not in log.read_text():
+                await asyncio.sleep(0.05)
+        yield Up(proc, log, ports["dataplane"])
+    finally:
+        await proc.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
+
+
+async def _gone(pids: list[int], timeout: float = 15.0) -> None:
+    async with asyncio.timeout(timeout):
+        while any(_alive(p) for p in pids):
+            await asyncio.sleep(0.05)
+
+
+async def test_up_serves_completions_and_stops_everything_on_sigterm(up: Up) -> None:
+    children = up.children()
+    assert len(children) >= 5  # two engines, fake-mcp, scheduler, dataplane
+    async with (
+        asyncio.timeout(30),
+        AsyncOpenAI(base_url=f"http://127.0.0.1:{up.dataplane}/v1", api_key="x") as c,
+    ):
+        reply = await c.chat.completions.create(
+            model="luftpause-sim", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert reply.choices[0].message.content
+    text = up.log.read_text()
+    assert f"base_url: http://127.0.0.1:{up.dataplane}/v1" in text
+    assert "luftpause fake-engine --port" in text  # each child's own command line is printed
+    assert up.proc.proc is not None
+    up.proc.proc.send_signal(signal.SIGTERM)
+    async with asyncio.timeout(30):
+        assert await up.proc.proc.wait() == 0
+    await _gone(children)
+
+
+async def test_up_stops_the_whole_stack_when_a_child_dies(up: Up) -> None:
+    children = up.children()
+    scheduler = next(p for p in children if b"scheduler" in Path(f"/proc/{p}/cmdline").read_bytes())
+    os.kill(scheduler, signal.SIGKILL)
+    assert up.proc.proc is not None
+    async with asyncio.timeout(30):
+        assert await up.proc.proc.wait() == 1
+    await _gone(children)
+    assert "scheduler exited with code -9; stopping the whole stack" in up.log.read_text()
