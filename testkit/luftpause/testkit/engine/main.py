@@ -1,0 +1,138 @@
+"""`luftpause fake-engine`: run one simulated inference engine replica.
+
+Shell layer: parses the command line into `SimParams` and serves (uvloop) until SIGINT/SIGTERM.
+Logs go through the shared structlog setup (`LUFTPAUSE_LOG_LEVEL`, `LUFTPAUSE_LOG_FORMAT`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from luftpause.common.logs import setup_logging
+from luftpause.common.runner import run_async
+from luftpause.testkit.engine.params import EngineParams, SimParams
+from luftpause.testkit.engine.server import serve
+
+_E = EngineParams()
+_S = SimParams()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="luftpause fake-engine",
+        description="A simulated continuous-batching inference engine (OpenAI-compatible).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = p.add_argument
+    add("--host", default="127.0.0.1", help="address to listen on")
+    add("--port", type=int, default=9001, help="port to listen on (0 picks one)")
+    add("--id", dest="replica_id", default=_S.replica_id, help="replica id (system_fingerprint)")
+    add("--model", default=_S.model, help="model name listed by /v1/models")
+    add("--kind", choices=("generative", "single-pass"), default=_S.kind, help="engine kind")
+    add("--kv-tokens", type=int, default=_E.kv_tokens, help="KV pool size in tokens")
+    add("--block-size", type=int, default=_E.block_size, help="tokens per KV block")
+    add("--max-running", type=int, default=_E.max_running, help="cap on the running batch")
+    add(
+        "--max-prefill-tokens",
+        type=int,
+        default=_E.max_prefill_tokens,
+        help="uncached prompt tokens admitted per iteration (the first request always fits)",
+    )
+    add(
+        "--prefill-ms-per-token",
+        type=float,
+        default=_E.prefill_ms_per_token,
+        help="prefill cost per uncached prompt token",
+    )
+    add("--decode-base-ms", type=float, default=_E.decode_base_ms, help="fixed decode step cost")
+    add(
+        "--decode-ms-per-seq",
+        type=float,
+        default=_E.decode_ms_per_seq,
+        help="decode step cost per running sequence",
+    )
+    add(
+        "--time-scale",
+        type=float,
+        default=_S.time_scale,
+        help="simulated time runs this many times faster than real time",
+    )
+    add(
+        "--tool-rounds",
+        type=int,
+        default=_S.tool_rounds,
+        help="tool calls before a final answer (header x-sim-tool-rounds overrides)",
+    )
+    add("--reply-tokens", type=int, default=_S.reply_tokens, help="tokens in a final answer")
+    add(
+        "--default-max-tokens",
+        type=int,
+        default=_S.default_max_tokens,
+        help="reply tokens reserved when a request sets no max_tokens",
+    )
+    add("--labels", default=",".join(_S.labels), help="single-pass labels, comma-separated")
+    add("--rpm", type=int, default=None, help="hosted-API mode: requests per window")
+    add("--tpm", type=int, default=None, help="hosted-API mode: tokens per window")
+    add(
+        "--rate-window-s",
+        type=float,
+        default=_S.rate_window_s,
+        help="rate-limit window in simulated seconds",
+    )
+    add("--require-key", default=None, help="answer 401 unless Authorization: Bearer KEY")
+    return p
+
+
+def params_from(args: argparse.Namespace) -> SimParams:
+    engine = EngineParams(
+        kv_tokens=args.kv_tokens,
+        block_size=args.block_size,
+        max_running=args.max_running,
+        max_prefill_tokens=args.max_prefill_tokens,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        decode_base_ms=args.decode_base_ms,
+        decode_ms_per_seq=args.decode_ms_per_seq,
+    )
+    return SimParams(
+        engine=engine,
+        replica_id=args.replica_id,
+        model=args.model,
+        kind=args.kind,
+        time_scale=args.time_scale,
+        tool_rounds=args.tool_rounds,
+        reply_tokens=args.reply_tokens,
+        default_max_tokens=args.default_max_tokens,
+        labels=tuple(x.strip() for x in args.labels.split(",") if x.strip()),
+        rpm=args.rpm,
+        tpm=args.tpm,
+        rate_window_s=args.rate_window_s,
+        require_key=args.require_key,
+    )
+
+
+async def _serve_until(stop: asyncio.Event, params: SimParams, host: str, port: int) -> None:
+    log = setup_logging("fake-engine")
+    server = await serve(params, host, port)
+    log.info(
+        "listening",
+        url=server.url,
+        replica=params.replica_id,
+        time_scale=params.time_scale,
+        kind=params.kind,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `luftpause fake-engine`."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        params = params_from(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return run_async(lambda stop: _serve_until(stop, params, args.host, args.port))

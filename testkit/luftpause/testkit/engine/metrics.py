@@ -1,0 +1,124 @@
+"""Prometheus text for `/metrics`, under both SGLang's and vLLM's metric names.
+
+Pure module: renders an `EngineStats` snapshot plus the shell's own counters.
+Usage gauges count blocks held by running requests; cached but unreferenced blocks count as
+free, as both engines report them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from luftpause.testkit.engine.core import EngineStats
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShellCounters:
+    requests_total: int
+    rate_limited_total: int
+    rejected_total: int
+    steps_total: int
+    busy_ms_total: float
+    lag_seconds: float
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str) -> str:
+    """The exposition text; every sample is `name{labels} value` on its own line."""
+    labels = f'{{model_name="{_escape(model)}",engine="{_escape(replica)}"}}'
+    rows: list[tuple[str, str, str, float]] = [
+        ("sglang:num_running_reqs", "gauge", "Running requests", stats.running),
+        ("sglang:num_queue_reqs", "gauge", "Requests in the waiting queue", stats.waiting),
+        ("sglang:cache_hit_rate", "gauge", "Prefix cache hit rate (tokens)", stats.cache_hit_rate),
+        ("sglang:token_usage", "gauge", "Fraction of the KV pool in use", stats.token_usage),
+        ("vllm:num_requests_running", "gauge", "Running requests", stats.running),
+        ("vllm:num_requests_waiting", "gauge", "Waiting requests", stats.waiting),
+        ("vllm:gpu_cache_usage_perc", "gauge", "KV cache usage, 1 = full", stats.token_usage),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 1 = full", stats.token_usage),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens looked up in the prefix cache",
+            stats.prompt_tokens_total,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prompt tokens found in the prefix cache",
+            stats.cached_tokens_total,
+        ),
+        ("vllm:prompt_tokens_total", "counter", "Prompt tokens", stats.prompt_tokens_total),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Generated tokens",
+            stats.generation_tokens_total,
+        ),
+        (
+            "luftpause_sim_requests_total",
+            "counter",
+            "Chat and classify requests received",
+            shell.requests_total,
+        ),
+        ("luftpause_sim_aborted_total", "counter", "Requests aborted", stats.aborted_total),
+        (
+            "luftpause_sim_finished_total",
+            "counter",
+            "Requests that ran to the end",
+            stats.finished_total,
+        ),
+        (
+            "luftpause_sim_prompt_tokens_total",
+            "counter",
+            "Prompt tokens admitted",
+            stats.prompt_tokens_total,
+        ),
+        (
+            "luftpause_sim_cached_tokens_total",
+            "counter",
+            "Prompt tokens served from the prefix cache",
+            stats.cached_tokens_total,
+        ),
+        (
+            "luftpause_sim_rate_limited_total",
+            "counter",
+            "Requests answered 429",
+            shell.rate_limited_total,
+        ),
+        (
+            "luftpause_sim_rejected_total",
+            "counter",
+            "Requests answered 4xx other than 429",
+            shell.rejected_total,
+        ),
+        ("luftpause_sim_steps_total", "counter", "Engine iterations run", shell.steps_total),
+        (
+            "luftpause_sim_busy_ms_total",
+            "counter",
+            "Simulated milliseconds spent in engine iterations",
+            shell.busy_ms_total,
+        ),
+        (
+            "luftpause_sim_lag_seconds",
+            "gauge",
+            "Real seconds the engine loop ran behind its simulated schedule at its last step",
+            shell.lag_seconds,
+        ),
+        ("luftpause_sim_kv_blocks", "gauge", "Blocks in the KV pool", stats.total_blocks),
+        (
+            "luftpause_sim_kv_blocks_cached",
+            "gauge",
+            "Blocks in the prefix cache",
+            stats.cached_blocks,
+        ),
+    ]
+    lines: list[str] = []
+    for name, kind, help_text, value in rows:
+        family = name.removesuffix("_total") if kind == "counter" else name
+        lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}"]
+        shown = str(value) if isinstance(value, int) else f"{value:.6g}"
+        lines.append(f"{name}{labels} {shown}")
+    return "\n".join(lines) + "\n"

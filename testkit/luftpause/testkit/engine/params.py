@@ -1,0 +1,87 @@
+"""Parameters of the simulated engine and of its HTTP face.
+
+Pure module: values only. The timing defaults come from `bench/calibrate_engine.py`
+(llama.cpp, Gemma 3 270M Q4_K_M, one CPU thread); see testkit/README.md for the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# Measured by bench/calibrate_engine.py; the README's calibration table says how.
+CALIBRATED_PREFILL_MS_PER_TOKEN = 4.98
+CALIBRATED_DECODE_BASE_MS = 39.9
+CALIBRATED_DECODE_MS_PER_SEQ = 10.1
+
+Kind = Literal["generative", "single-pass"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineParams:
+    """The batching model: KV pool, prefix cache blocks, batch cap and step costs."""
+
+    kv_tokens: int = 32768
+    block_size: int = 16
+    max_running: int = 64
+    max_prefill_tokens: int = 16384
+    prefill_ms_per_token: float = CALIBRATED_PREFILL_MS_PER_TOKEN
+    decode_base_ms: float = CALIBRATED_DECODE_BASE_MS
+    decode_ms_per_seq: float = CALIBRATED_DECODE_MS_PER_SEQ
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.kv_tokens < self.block_size:
+            raise ValueError("kv_tokens must hold at least one block")
+        if self.max_running < 1 or self.max_prefill_tokens < 1:
+            raise ValueError("max_running and max_prefill_tokens must be >= 1")
+        if min(self.prefill_ms_per_token, self.decode_base_ms, self.decode_ms_per_seq) < 0:
+            raise ValueError("step costs must be >= 0")
+
+    @property
+    def total_blocks(self) -> int:
+        return self.kv_tokens // self.block_size
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks needed to hold `tokens` tokens."""
+        return -(-tokens // self.block_size)
+
+    def step_ms(self, *, prefill_tokens: int, decoding: int) -> float:
+        """Duration of one engine iteration: prefill of new requests plus one decode step."""
+        decode = self.decode_base_ms + self.decode_ms_per_seq * decoding if decoding else 0.0
+        return prefill_tokens * self.prefill_ms_per_token + decode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimParams:
+    """Everything the HTTP shell needs on top of the batching model."""
+
+    engine: EngineParams = EngineParams()
+    replica_id: str = "engine"
+    model: str = "luftpause-sim"
+    kind: Kind = "generative"
+    time_scale: float = 1.0
+    tool_rounds: int = 3
+    reply_tokens: int = 64
+    default_max_tokens: int = 256
+    labels: tuple[str, ...] = ("urgent", "lookup", "chitchat")
+    rpm: int | None = None
+    tpm: int | None = None
+    rate_window_s: float = 60.0
+    require_key: str | None = None
+    debug_log_size: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.time_scale <= 0:
+            raise ValueError("time_scale must be > 0")
+        if self.tool_rounds < 0 or self.reply_tokens < 1 or self.default_max_tokens < 1:
+            raise ValueError("tool_rounds >= 0, reply_tokens >= 1, default_max_tokens >= 1")
+        if len(self.labels) < 2:
+            raise ValueError("single-pass needs at least two labels")
+        if (self.rpm is not None and self.rpm < 1) or (self.tpm is not None and self.tpm < 1):
+            raise ValueError("rpm and tpm must be >= 1 when given")
+
+    @property
+    def hosted(self) -> bool:
+        return self.rpm is not None or self.tpm is not None

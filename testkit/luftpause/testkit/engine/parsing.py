@@ -1,0 +1,94 @@
+"""Request validation for the simulator's HTTP face, and the error a client sees.
+
+Pure module: bytes and dicts in, values or `HttpError` out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from luftpause.testkit.engine.params import SimParams
+
+
+class HttpError(Exception):
+    """An answer other than 200, with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.headers: dict[str, str] = {}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChatRequest:
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int
+    tool_rounds: int
+    top_logprobs: int | None
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HttpError(400, f"Invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise HttpError(400, "The request body must be a JSON object.")
+    return body
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise HttpError(400, f"{what} must be a positive integer.")
+    return value
+
+
+def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimParams) -> ChatRequest:
+    """Validate a chat request body and pick out what the simulator uses."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(400, "'messages' is required and must be a non-empty list.")
+    if not all(isinstance(m, dict) for m in messages):
+        raise HttpError(400, "Each message must be an object.")
+    raw_max = body.get("max_completion_tokens") or body.get("max_tokens")
+    max_tokens = (
+        params.default_max_tokens if raw_max is None else _positive_int(raw_max, "max_tokens")
+    )
+    rounds = headers.get("x-sim-tool-rounds")
+    try:
+        tool_rounds = params.tool_rounds if rounds is None else int(rounds)
+    except ValueError as exc:
+        raise HttpError(400, "x-sim-tool-rounds must be an integer.") from exc
+    top = None
+    if body.get("logprobs"):
+        raw_top = body.get("top_logprobs") or 0
+        if isinstance(raw_top, bool) or not isinstance(raw_top, int) or not 0 <= raw_top <= 20:
+            raise HttpError(400, "top_logprobs must be an integer within 0..20.")
+        top = raw_top
+    options = body.get("stream_options") or {}
+    return ChatRequest(
+        body=body,
+        model=str(body.get("model") or params.model),
+        stream=bool(body.get("stream")),
+        include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+        max_tokens=max_tokens,
+        tool_rounds=tool_rounds,
+        top_logprobs=top,
+    )
+
+
+def parse_classify(body: dict[str, Any]) -> list[str]:
+    """The texts of a /classify request: `input` is a string or a list of strings."""
+    raw = body.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise HttpError(400, "'input' must be a string or a non-empty list of strings.")
+    return texts

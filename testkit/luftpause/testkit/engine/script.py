@@ -1,0 +1,184 @@
+"""Scripted replies: what the simulated model says, token by token.
+
+Pure module: no I/O, no randomness (ids come in from the caller). The script:
+- a request that offers `tools` (and does not say `tool_choice: "none"`) and holds fewer than
+  `tool_rounds` messages of role `tool` gets one call to the first offered tool, its required
+  parameters filled with plausible values;
+- otherwise a final answer of `reply_tokens` filler words (cut at `max_tokens`). When the last
+  user message lists labels ("one of: a, b, c", or several quoted strings), the answer starts
+  with one of them, and logprobs of the first token rank the labels first.
+Token probabilities and classifier outputs are deterministic functions of the text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from luftpause.testkit.engine.tokens import CHARS_PER_TOKEN, content_text, render_tool_call
+
+_FILLER_TEXT = (
+    "the plan is to look at each step and then check the result so we can move on with "
+    "a short note about what was found in the data and why it may help next time"
+)
+FILLER = tuple(_FILLER_TEXT.split())
+_LIST_INTRO = re.compile(
+    r"(?:one of|labels?|categories|classes|options|choose from|classify as)\s*[:\-]?\s*"
+    r"([^\n.?!;]+)",
+    re.IGNORECASE,
+)
+_LIST_SPLIT = re.compile(r"\s*(?:,|\||/|\bor\b)\s*")
+_QUOTED = re.compile(r"[\"'`]([^\"'`\n]{1,40})[\"'`]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reply:
+    """The scripted reply: one piece of text per generated token."""
+
+    pieces: tuple[str, ...]
+    finish_reason: str
+    tool_call: ToolCall | None = None
+    labels: tuple[str, ...] = ()
+    seed_text: str = ""
+
+    @property
+    def content(self) -> str | None:
+        return None if self.tool_call else "".join(self.pieces)
+
+    @property
+    def arguments(self) -> str:
+        """Tool-call arguments as far as they were generated."""
+        return "".join(self.pieces[1:])
+
+    @property
+    def body(self) -> str:
+        """The assistant message as a follow-up request renders it."""
+        if self.tool_call is None:
+            return "".join(self.pieces)
+        return render_tool_call(self.tool_call.name, self.arguments)
+
+
+def _score(*parts: object) -> float:
+    return (zlib.crc32("|".join(map(str, parts)).encode()) % 10007) / 10007 * 4.0
+
+
+def tool_results(messages: Sequence[Mapping[str, Any]]) -> int:
+    return sum(1 for m in messages if m.get("role") == "tool")
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return content_text(m.get("content"))
+    return ""
+
+
+def label_candidates(text: str) -> tuple[str, ...]:
+    """First words of label-like strings in `text`, in order, without repeats."""
+    found: list[str] = []
+    for match in _LIST_INTRO.finditer(text):
+        found += [p for p in _LIST_SPLIT.split(match.group(1)) if p]
+    quoted = _QUOTED.findall(text)
+    if len(quoted) >= 2:
+        found += quoted
+    words = [w.strip("\"'`*()[] ").split()[0] for w in found if w.strip("\"'`*()[] ")]
+    return tuple(dict.fromkeys(w for w in words if len(w) <= 24))[:20]
+
+
+def _fill(schema: Mapping[str, Any], name: str) -> Any:
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "string")
+    defaults: dict[str, Any] = {"integer": 1, "number": 1.0, "boolean": True, "array": []}
+    if kind in defaults:
+        return defaults[kind]
+    if kind == "object":
+        return {}
+    return f"{name} for the next step"
+
+
+def _tool_pieces(tool: Mapping[str, Any]) -> tuple[str, str, tuple[str, ...]]:
+    fn = tool.get("function", tool)
+    name = str(fn.get("name", "tool"))
+    schema = fn.get("parameters") or {}
+    props = schema.get("properties") or {}
+    args = {key: _fill(props.get(key) or {}, key) for key in schema.get("required") or []}
+    arguments = json.dumps(args)
+    step = CHARS_PER_TOKEN
+    return name, arguments, ("", *(arguments[i : i + step] for i in range(0, len(arguments), step)))
+
+
+def plan_reply(
+    request: Mapping[str, Any],
+    *,
+    tool_rounds: int,
+    reply_tokens: int,
+    max_tokens: int,
+    call_id: str,
+) -> Reply:
+    """Script the reply to a chat request."""
+    messages = request.get("messages") or []
+    tools = request.get("tools") or []
+    if tools and request.get("tool_choice") != "none" and tool_results(messages) < tool_rounds:
+        name, arguments, pieces = _tool_pieces(tools[0])
+        cut = len(pieces) > max_tokens
+        return Reply(
+            pieces=pieces[:max_tokens],
+            finish_reason="length" if cut else "tool_calls",
+            tool_call=ToolCall(id=call_id, name=name, arguments=arguments),
+        )
+    seed = last_user_text(messages)
+    labels = label_candidates(seed)
+    n = min(max_tokens, reply_tokens)
+    words = [FILLER[(zlib.crc32(seed.encode()) + i) % len(FILLER)] for i in range(n)]
+    if labels:
+        words[0] = max(labels, key=lambda w: _score(seed, 0, w))
+    pieces = tuple(w if i == 0 else " " + w for i, w in enumerate(words))
+    return Reply(
+        pieces=pieces,
+        finish_reason="length" if max_tokens < reply_tokens else "stop",
+        labels=labels,
+        seed_text=seed,
+    )
+
+
+def token_logprobs(reply: Reply, index: int, top_n: int) -> dict[str, Any]:
+    """OpenAI-shaped logprobs of token `index` with its `top_n` alternatives."""
+    piece = reply.pieces[index]
+    space = "" if index == 0 else " "
+    labels = reply.labels if index == 0 else ()
+    scores = {space + w: _score(reply.seed_text, index, space + w) for w in FILLER}
+    scores |= {w: _score(reply.seed_text, index, w) + 4.0 for w in labels}  # labels first
+    scores.pop(piece, None)
+    scores[piece] = max(scores.values(), default=0.0) + 1.5
+    norm = math.log(sum(math.exp(s) for s in scores.values()))
+    ranked = sorted(scores.items(), key=lambda kv: -kv[1])[: max(top_n, 0)]
+    return {
+        "token": piece,
+        "logprob": scores[piece] - norm,
+        "bytes": list(piece.encode()),
+        "top_logprobs": [
+            {"token": w, "logprob": s - norm, "bytes": list(w.encode())} for w, s in ranked
+        ],
+    }
+
+
+def classify_probs(text: str, labels: Sequence[str]) -> list[float]:
+    """A deterministic probability per label for `text`."""
+    scores = [_score("classify", text, label) for label in labels]
+    top = max(scores)
+    exps = [math.exp(s - top) for s in scores]
+    total = sum(exps)
+    return [e / total for e in exps]

@@ -1,0 +1,326 @@
+"""The simulator's HTTP face: OpenAI Chat Completions, vLLM /classify, metrics, debug.
+
+Shell layer: parses requests, asks the pure modules what to answer, and waits on the
+`EngineDriver` for tokens. A client that goes away aborts its request in the engine (the
+runner cancels the handler on disconnect; a failed write does the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from luftpause.testkit.engine import metrics, wire
+from luftpause.testkit.engine.core import RequestTooLarge, Submission
+from luftpause.testkit.engine.driver import EngineDriver, Handle, SimClock
+from luftpause.testkit.engine.params import SimParams
+from luftpause.testkit.engine.parsing import (
+    ChatRequest,
+    HttpError,
+    decode_body,
+    parse_chat,
+    parse_classify,
+)
+from luftpause.testkit.engine.ratelimit import RateLimiter
+from luftpause.testkit.engine.script import Reply, classify_probs, plan_reply
+from luftpause.testkit.engine.tokens import (
+    END,
+    render_prompt,
+    tokenize,
+    tokenize_continuation,
+)
+
+
+def _nodelay(request: web.Request) -> bool | None:
+    sock = request.transport.get_extra_info("socket") if request.transport else None
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+
+
+class Simulator:
+    """State shared by the handlers of one simulated replica."""
+
+    def __init__(self, params: SimParams) -> None:
+        self.params = params
+        self.clock = SimClock(params.time_scale)
+        self.driver = EngineDriver(params.engine, self.clock)
+        self.limiter = RateLimiter(
+            rpm=params.rpm,
+            tpm=params.tpm,
+            window_s=params.rate_window_s,
+            time_scale=params.time_scale,
+        )
+        self.debug_log: deque[dict[str, Any]] = deque(maxlen=params.debug_log_size)
+        self.started = int(time.time())
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        self.requests_total = 0
+        self.rejected_total = 0
+
+    def note(self, request: web.Request, *, count: bool = True) -> dict[str, Any]:
+        """Keep a request in the debug log; chat and classify requests are also counted."""
+        self.requests_total += count
+        entry: dict[str, Any] = {
+            "time": time.time(),
+            "method": request.method,
+            "path": request.path,
+            "headers": {k: ", ".join(request.headers.getall(k)) for k in request.headers},
+            "model": None,
+            "stream": False,
+            "tcp_nodelay": _nodelay(request),
+        }
+        self.debug_log.append(entry)
+        return entry
+
+    def check_key(self, request: web.Request) -> None:
+        key = self.params.require_key
+        if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+            raise HttpError(401, "Incorrect API key provided.", "invalid_api_key")
+
+    def charge(self, tokens: int) -> dict[str, str]:
+        """Apply the hosted-API budget; returns the rate-limit headers to send."""
+        if not self.params.hosted:
+            return {}
+        verdict = self.limiter.check(self.clock.sim_ms() / 1000.0, tokens)
+        if not verdict.allowed:
+            err = HttpError(429, verdict.message, "rate_limit_exceeded")
+            err.headers = {
+                **verdict.headers,
+                "Retry-After": str(max(1, math.ceil(verdict.retry_after_s))),
+                "retry-after-ms": str(round(verdict.retry_after_s * 1000)),
+            }
+            raise err
+        return verdict.headers
+
+
+SIM = web.AppKey("sim", Simulator)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    sim = request.app[SIM]
+    entry = sim.note(request)
+    if sim.params.kind != "generative":
+        raise HttpError(404, "This engine is single-pass; use /classify.")
+    sim.check_key(request)
+    chat = parse_chat(decode_body(await request.read()), request.headers, sim.params)
+    entry.update(model=chat.model, stream=chat.stream)
+    text = render_prompt(chat.body["messages"], chat.body.get("tools"))
+    prompt = tokenize(text)
+    headers = sim.charge(len(prompt) + chat.max_tokens)
+    reply = plan_reply(
+        chat.body,
+        tool_rounds=chat.tool_rounds,
+        reply_tokens=sim.params.reply_tokens,
+        max_tokens=chat.max_tokens,
+        call_id=f"call_{secrets.token_hex(12)}",
+    )
+    sub = Submission(
+        rid=f"chatcmpl-{secrets.token_hex(12)}",
+        prompt=tuple(prompt),
+        reserve=chat.max_tokens,
+        output_tokens=len(reply.pieces),
+        history=tuple(tokenize_continuation(text, prompt, reply.body + END)),
+    )
+    try:
+        handle = sim.driver.submit(sub, stream=chat.stream)
+    except RequestTooLarge as exc:
+        raise HttpError(400, str(exc), "context_length_exceeded") from exc
+    env = wire.Envelope(
+        id=sub.rid, created=int(time.time()), model=chat.model, fingerprint=sim.params.replica_id
+    )
+    try:
+        if chat.stream:
+            return await _stream(request, handle, env, reply, chat, headers)
+        await handle.done
+        use = wire.usage(prompt=len(prompt), completion=handle.generated, cached=handle.cached)
+        body = wire.completion(env, reply, handle.generated, use, chat.top_logprobs)
+        return web.json_response(body, headers=headers)
+    finally:
+        sim.driver.release(sub.rid)
+
+
+async def _stream(
+    request: web.Request,
+    handle: Handle,
+    env: wire.Envelope,
+    reply: Reply,
+    chat: ChatRequest,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+    )
+    await resp.prepare(request)
+    assert handle.tokens is not None
+    try:
+        for _ in range(handle.sub.output_tokens):
+            index = await handle.tokens.get()
+            await resp.write(wire.token_chunk(env, reply, index, chat.top_logprobs))
+        await handle.done
+        await resp.write(wire.finish_chunk(env, reply.finish_reason))
+        if chat.include_usage:
+            use = wire.usage(
+                prompt=len(handle.sub.prompt), completion=handle.generated, cached=handle.cached
+            )
+            await resp.write(wire.usage_chunk(env, use))
+        await resp.write(wire.DONE)
+        await resp.write_eof()
+    except ConnectionError:
+        pass  # the client left; the caller's `finally` aborts the request
+    return resp
+
+
+async def classify(request: web.Request) -> web.StreamResponse:
+    sim = request.app[SIM]
+    entry = sim.note(request)
+    if sim.params.kind != "single-pass":
+        raise HttpError(404, "This engine is generative; /classify is not served.")
+    sim.check_key(request)
+    body = decode_body(await request.read())
+    texts = parse_classify(body)
+    model = str(body.get("model") or sim.params.model)
+    entry.update(model=model)
+    prompts = [tokenize(f"<|input|>\n{t}") for t in texts]
+    n_tokens = sum(len(p) for p in prompts)
+    headers = sim.charge(n_tokens)
+    rid = f"classify-{secrets.token_hex(12)}"
+    subs = [
+        Submission(rid=f"{rid}-{i}", prompt=tuple(p), reserve=0, output_tokens=0)
+        for i, p in enumerate(prompts)
+    ]
+    try:
+        handles = [sim.driver.submit(s, stream=False) for s in subs]
+        await asyncio.gather(*(h.done for h in handles))
+    except RequestTooLarge as exc:
+        raise HttpError(400, str(exc), "context_length_exceeded") from exc
+    finally:
+        for s in subs:
+            sim.driver.release(s.rid)
+    labels = sim.params.labels
+    out = wire.classification(
+        id=rid,
+        created=int(time.time()),
+        model=model,
+        labels=labels,
+        probs=[classify_probs(t, labels) for t in texts],
+        prompt_tokens=n_tokens,
+    )
+    return web.json_response(out, headers=headers)
+
+
+async def list_models(request: web.Request) -> web.StreamResponse:
+    sim = request.app[SIM]
+    sim.note(request, count=False)
+    sim.check_key(request)
+    return web.json_response(wire.models(sim.params.model, sim.started, sim.params.replica_id))
+
+
+async def health(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+async def prometheus(request: web.Request) -> web.StreamResponse:
+    sim = request.app[SIM]
+    shell = metrics.ShellCounters(
+        requests_total=sim.requests_total,
+        rate_limited_total=sim.limiter.limited_total,
+        rejected_total=sim.rejected_total,
+        steps_total=sim.driver.steps,
+        busy_ms_total=sim.driver.busy_ms,
+        lag_seconds=sim.driver.lag_s,
+    )
+    text = metrics.render(
+        sim.driver.stats(), shell, model=sim.params.model, replica=sim.params.replica_id
+    )
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+async def debug_requests(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"requests": list(request.app[SIM].debug_log)})
+
+
+async def debug_reset(request: web.Request) -> web.StreamResponse:
+    sim = request.app[SIM]
+    sim.driver.reset_counters()
+    sim.driver.core.cache.drop_unreferenced()
+    sim.limiter.reset()
+    sim.debug_log.clear()
+    sim.reset_counters()
+    return web.json_response({"status": "ok"})
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except HttpError as exc:
+        if exc.status != 429:  # 429s are counted by the limiter
+            request.app[SIM].rejected_total += 1
+        return web.json_response(
+            wire.error(str(exc), exc.kind), status=exc.status, headers=exc.headers
+        )
+    except web.HTTPException as exc:  # unknown path or method: same error shape
+        if exc.status < 400:
+            raise
+        return web.json_response(wire.error(exc.reason), status=exc.status)
+
+
+def make_app(params: SimParams) -> web.Application:
+    """The aiohttp application of one simulated replica (the engine loop starts with it)."""
+    app = web.Application(middlewares=[errors], client_max_size=64 * 1024 * 1024)
+    sim = Simulator(params)
+    app[SIM] = sim
+
+    async def lifecycle(app: web.Application) -> Any:
+        sim.driver.start()
+        yield
+        await sim.driver.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/classify", classify)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", prometheus)
+    app.router.add_get("/debug/requests", debug_requests)
+    app.router.add_post("/debug/reset", debug_reset)
+    return app
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunningServer:
+    runner: web.AppRunner
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def sim(self) -> Simulator:
+        return self.runner.app[SIM]
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+
+async def serve(params: SimParams, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
+    """Start a replica on host:port (0 picks a free port) and return once it listens."""
+    runner = web.AppRunner(make_app(params), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1]
+    return RunningServer(runner=runner, host=host, port=bound)

@@ -1,0 +1,64 @@
+"""The fake-engine command line maps every flag onto the simulator's parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.testkit.engine.main import build_parser, params_from
+from luftpause.testkit.engine.params import EngineParams, SimParams
+
+
+def test_defaults_on_the_command_line_are_the_simulators_defaults() -> None:
+    params = params_from(build_parser().parse_args([]))
+    assert params == SimParams()
+    assert params.engine == EngineParams()
+
+
+def test_every_model_flag_reaches_the_parameters() -> None:
+    args = build_parser().parse_args(
+        [
+            "--id=e1",
+            "--model=m1",
+            "--kind=single-pass",
+            "--kv-tokens=4096",
+            "--block-size=32",
+            "--max-running=8",
+            "--max-prefill-tokens=2048",
+            "--prefill-ms-per-token=1.5",
+            "--decode-base-ms=20",
+            "--decode-ms-per-seq=3",
+            "--time-scale=50",
+            "--tool-rounds=2",
+            "--reply-tokens=16",
+            "--default-max-tokens=128",
+            "--labels=a,b",
+            "--rpm=10",
+            "--tpm=1000",
+            "--rate-window-s=30",
+            "--require-key=k",
+        ]
+    )
+    p = params_from(args)
+    assert (p.replica_id, p.model, p.kind, p.time_scale) == ("e1", "m1", "single-pass", 50.0)
+    assert (p.tool_rounds, p.reply_tokens, p.default_max_tokens) == (2, 16, 128)
+    assert (p.labels, p.rpm, p.tpm, p.rate_window_s, p.require_key) == (
+        ("a", "b"),
+        10,
+        1000,
+        30.0,
+        "k",
+    )
+    assert p.engine == EngineParams(
+        kv_tokens=4096,
+        block_size=32,
+        max_running=8,
+        max_prefill_tokens=2048,
+        prefill_ms_per_token=1.5,
+        decode_base_ms=20.0,
+        decode_ms_per_seq=3.0,
+    )
+
+
+def test_an_impossible_parameter_is_refused() -> None:
+    with pytest.raises(ValueError, match="time_scale"):
+        params_from(build_parser().parse_args(["--time-scale=0"]))
