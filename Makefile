@@ -39,9 +39,11 @@ soak: install
 	$(BIN)/pytest -q -m slow
 
 bench: install
+	$(BIN)/python -m bench.admit_rtt
 	$(BIN)/python -m bench.overhead
 
 bench-real: install
+	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
 	$(BIN)/python -m bench.calibrate_engine
 
 clean:
