@@ -5,16 +5,26 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PROTO   := proto/luftpause/rpc/scheduler.proto
 RPC_OUT := services/common
+CHROMIUM := /usr/bin/chromium
 
-.PHONY: install up test lint typecheck pytest proto soak bench bench-real clean
+.PHONY: install browser up test lint typecheck pytest proto soak bench bench-real clean
 
-install: $(STAMP)
+install: $(STAMP) browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The status-page test drives Debian's headless Chromium; a no-op once it is there.
+browser:
+	@test -x $(CHROMIUM) || { \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "$(CHROMIUM) is missing; as root run: apt-get install chromium" >&2; exit 1; \
+	  fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 up: install
 	$(BIN)/luftpause up

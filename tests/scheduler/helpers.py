@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from luftpause.common.config import Endpoint, EndpointKind
 from luftpause.scheduler.core.decide import decide, initial_state
-from luftpause.scheduler.core.model import (
-    Action,
-    Admit,
-    Event,
-    Place,
-    ProbeResult,
-    ServiceClass,
-    State,
-    TurnFinished,
-)
+from luftpause.scheduler.core.events import Action, Admit, Event, Place, ProbeResult, TurnFinished
+from luftpause.scheduler.core.model import ServiceClass, State
 
 MODEL = "m"
 

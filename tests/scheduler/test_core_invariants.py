@@ -1,14 +1,21 @@
 """Hypothesis stateful test of the decision core's invariants.
 
-After every step of a random sequence of admits, ends, failures, abandons, probes, run ends and
-ticks:
+Random sequences of admits, turn ends (finished, failed, abandoned), abandoned held turns,
+probes, run ends, ticks, resyncs and dataplane disconnects. After every step:
 
 - never over capacity: a capped replica that received a turn holds at most its cap;
 - never on an unhealthy replica, nor on one that does not serve the turn's model;
 - a generating or tool-paused run's turn goes to its replica while that replica is healthy;
+- batch respects paused-interactive headroom: a batch turn placed on a capped replica leaves
+  at least one free slot per interactive run paused on a tool there;
+- fairness: no turn still held was passed over by a turn placed in the same step that it
+  could have taken the slot of, of a class no better and of a caller with more turns in flight
+  (or as many, and later);
 - every held turn is placed once capacity allows: after a step, no held turn could be placed;
-- derived counters (in flight per replica and per caller, paused-interactive headroom) equal
-  what the turns and runs themselves say.
+- after a Resync, the runs and turns the dataplane reported are what the scheduler holds;
+- a dataplane gone past its grace period has no turns left in flight;
+- derived counters and indexes (in flight per replica and per caller, headroom, the queue each
+  held turn sits in) equal what the turns and runs themselves say.
 """
 
 from __future__ import annotations
@@ -21,31 +28,43 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.decide import decide, initial_state
-from luftpause.scheduler.core.model import (
+from luftpause.scheduler.core.events import (
     Action,
     Admit,
+    DataplaneConnected,
+    DataplaneDisconnected,
     Event,
-    Phase,
     Place,
     ProbeResult,
+    Resync,
     RunEnded,
-    ServiceClass,
-    State,
+    RunSnapshot,
     Tick,
     TurnAbandoned,
     TurnFailed,
     TurnFinished,
+    TurnSnapshot,
 )
-from luftpause.scheduler.core.placement import choose_replica
+from luftpause.scheduler.core.model import (
+    DATAPLANE_GRACE_S,
+    HeldTurn,
+    Phase,
+    ServiceClass,
+    State,
+    draft,
+)
+from luftpause.scheduler.core.placement import choose_replica, count_room
+from luftpause.scheduler.core.queues import bucket_of
 
 REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
 RUNS = [f"r{i}" for i in range(8)]
 CALLERS = ["x", "y", "z"]
+DATAPLANES = ["dp1", "dp2"]
 
 
 def _may_unpin(before: State, event: Event, run_id: str) -> bool:
     """Whether `event` itself may legitimately leave the run idle or forget it."""
-    if isinstance(event, Tick):
+    if isinstance(event, Tick | Resync):
         return True
     if isinstance(event, RunEnded):
         return event.run_id == run_id
@@ -53,6 +72,18 @@ def _may_unpin(before: State, event: Event, run_id: str) -> bool:
         turn = before.turns.get(event.turn_id)
         return turn is not None and turn.run_id == run_id
     return False
+
+
+def _could_take(state: State, held: HeldTurn, replica_id: str) -> bool:
+    """Whether `held` may go to `replica_id` at all (ignoring room)."""
+    replica = state.replicas[replica_id]
+    if not replica.healthy or held.model not in replica.models:
+        return False
+    run = state.runs.get(held.run_id)
+    if run is None or not run.pinned or run.replica == replica_id:
+        return True
+    home = state.replicas.get(run.replica)
+    return home is None or not home.healthy or held.model not in home.models
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -64,28 +95,61 @@ class CoreMachine(RuleBasedStateMachine):
         self.state: State = initial_state(endpoints)
         self.now = 0.0
         self.turn_no = 0
+        self.gone_since: dict[str, float] = {}
 
-    def step(self, event: Event) -> None:
+    def step(self, event: Event) -> tuple[Action, ...]:
         before = self.state
         self.state, actions = decide(before, event)
         self.check_placements(before, event, actions)
+        return actions
 
     def check_placements(self, before: State, event: Event, actions: tuple[Action, ...]) -> None:
         after = self.state
-        for action in actions:
-            if not isinstance(action, Place):
-                continue
+        places = [a for a in actions if isinstance(a, Place)]
+        seen_runs: set[str] = set()
+        for action in places:
             replica = after.replicas[action.replica_id]
             turn = after.turns[action.turn_id]
             assert replica.healthy, "placed on an unhealthy replica"
             assert turn.model in replica.models, "placed on a replica without the model"
             if replica.capacity is not None:
                 assert replica.in_flight <= replica.capacity, "over capacity"
+                if turn.service_class is ServiceClass.BATCH:
+                    free = replica.capacity - replica.in_flight
+                    assert free >= replica.paused_interactive, "batch took a kept slot"
             run = before.runs.get(turn.run_id)
+            if turn.run_id in seen_runs:
+                continue  # an earlier placement this step already moved the run
+            seen_runs.add(turn.run_id)
             if run is not None and run.pinned and not _may_unpin(before, event, run.id):
                 home = after.replicas.get(run.replica)
                 if home is not None and home.healthy and turn.model in home.models:
                     assert action.replica_id == run.replica, "pinned run moved"
+        self.check_fairness(before, places)
+
+    def check_fairness(self, before: State, places: list[Place]) -> None:
+        """Counts only grow while a step drains, so each caller's count when a turn was
+        chosen is its count after the step less its placements from that turn on."""
+        after = self.state
+        for i, action in enumerate(places):
+            placed = after.turns[action.turn_id]
+            was = before.held.get(placed.id)
+            seq = was.seq if was is not None else before.next_seq
+            later = sum(1 for a in places[i:] if after.turns[a.turn_id].caller == placed.caller)
+            placed_key = (after.caller_in_flight.get(placed.caller, 0) - later, seq)
+            for held in after.held.values():
+                if not (
+                    _could_take(before, held, action.replica_id)
+                    and _could_take(after, held, action.replica_id)
+                ):
+                    continue
+                if held.service_class is not placed.service_class:
+                    assert held.service_class is ServiceClass.BATCH, (
+                        f"interactive {held.id} waits while batch {placed.id} was placed"
+                    )
+                    continue
+                held_key = (after.caller_in_flight.get(held.caller, 0), held.seq)
+                assert not held_key < placed_key, f"{held.id} passed over by {placed.id}"
 
     @rule(
         run=st.sampled_from(RUNS),
@@ -93,8 +157,11 @@ class CoreMachine(RuleBasedStateMachine):
         batch=st.booleans(),
         model=st.sampled_from(["m1", "m2"]),
         dt=st.floats(0, 5),
+        dataplane=st.sampled_from(DATAPLANES),
     )
-    def admit(self, run: str, caller: str, batch: bool, model: str, dt: float) -> None:
+    def admit(
+        self, run: str, caller: str, batch: bool, model: str, dt: float, dataplane: str
+    ) -> None:
         self.now += dt
         self.turn_no += 1
         cls = ServiceClass.BATCH if batch else ServiceClass.INTERACTIVE
@@ -106,8 +173,14 @@ class CoreMachine(RuleBasedStateMachine):
                 model=model,
                 service_class=cls,
                 caller=caller,
+                dataplane=dataplane,
             )
         )
+
+    @rule(run=st.sampled_from(RUNS), caller=st.sampled_from(CALLERS))
+    def admit_interactive(self, run: str, caller: str) -> None:
+        """A second admit rule: contention (several callers held at once) comes sooner."""
+        self.admit(run=run, caller=caller, batch=False, model="m1", dt=0.0, dataplane="dp1")
 
     @precondition(lambda self: bool(self.state.turns))
     @rule(data=st.data(), tool_calls=st.booleans(), how=st.sampled_from(["ok", "fail", "gone"]))
@@ -132,8 +205,8 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(
         replica=st.sampled_from(sorted(REPLICAS)),
         healthy=st.booleans(),
-        running=st.none() | st.integers(0, 4),
-        waiting=st.none() | st.integers(0, 3),
+        running=st.sampled_from([None, 1, 2, 2, 3]),
+        waiting=st.sampled_from([None, 0, 1, 1, 2]),
     )
     def probe(self, replica: str, healthy: bool, running: int | None, waiting: int | None) -> None:
         self.step(
@@ -146,10 +219,72 @@ class CoreMachine(RuleBasedStateMachine):
     def end_run(self, run: str) -> None:
         self.step(RunEnded(at=self.now, run_id=run))
 
-    @rule(dt=st.sampled_from([1.0, 700.0, 2000.0]))
+    @rule(dt=st.sampled_from([1.0, 31.0, 700.0, 2000.0]))
     def tick(self, dt: float) -> None:
         self.now += dt
         self.step(Tick(at=self.now))
+        for dp, since in list(self.gone_since.items()):
+            if self.now - since >= DATAPLANE_GRACE_S:
+                assert not any(
+                    t.dataplane == dp and t.placed_at < self.now for t in self.state.turns.values()
+                ), f"{dp} gone past its grace still has turns in flight"
+                del self.gone_since[dp]
+
+    @rule(dataplane=st.sampled_from(DATAPLANES), connect=st.booleans())
+    def link(self, dataplane: str, connect: bool) -> None:
+        if connect:
+            self.step(DataplaneConnected(at=self.now, dataplane=dataplane))
+            self.gone_since.pop(dataplane, None)
+        else:
+            self.step(DataplaneDisconnected(at=self.now, dataplane=dataplane))
+            link = self.state.dataplanes.get(dataplane)
+            if link is not None and link.gone_since is not None:
+                self.gone_since.setdefault(dataplane, link.gone_since)
+
+    @rule(dataplane=st.sampled_from(DATAPLANES), data=st.data())
+    def resync(self, dataplane: str, data: st.DataObject) -> None:
+        """The dataplane reports its truth, which may have lost some turns meanwhile."""
+        mine = sorted(
+            (t for t in self.state.turns.values() if t.dataplane == dataplane), key=lambda t: t.id
+        )
+        kept = [t for t in mine if data.draw(st.booleans())]
+        turns = tuple(
+            TurnSnapshot(
+                turn_id=t.id,
+                run_id=t.run_id,
+                replica=t.replica,
+                model=t.model,
+                service_class=t.service_class,
+                caller=t.caller,
+            )
+            for t in kept
+        )
+        runs = tuple(
+            RunSnapshot(
+                run_id=r.id,
+                replica=r.replica,
+                phase=r.phase,
+                service_class=r.service_class,
+                caller=r.caller,
+            )
+            for r in sorted(self.state.runs.values(), key=lambda r: r.id)
+            if data.draw(st.booleans())
+        )
+        actions = self.step(Resync(at=self.now, dataplane=dataplane, runs=runs, turns=turns))
+        self.gone_since.pop(dataplane, None)
+        placed_now = {a.turn_id for a in actions if isinstance(a, Place)}
+        mine_after = {t.id for t in self.state.turns.values() if t.dataplane == dataplane}
+        assert mine_after - placed_now == {t.turn_id for t in turns}
+        for snap in runs:
+            run = self.state.runs.get(snap.run_id)
+            if run is None or run.turns_in_flight:
+                continue  # a held turn of it was placed as the resync drained
+            assert (run.replica, run.service_class, run.caller) == (
+                snap.replica,
+                snap.service_class,
+                snap.caller,
+            )
+            assert run.phase is (Phase.IDLE if snap.phase is Phase.GENERATING else snap.phase)
 
     @invariant()
     def no_held_turn_could_be_placed(self) -> None:
@@ -157,7 +292,7 @@ class CoreMachine(RuleBasedStateMachine):
             assert choose_replica(self.state, turn) is None, f"{turn.id} left waiting"
 
     @invariant()
-    def counters_match_turns_and_runs(self) -> None:
+    def counters_and_indexes_match_turns_and_runs(self) -> None:
         s = self.state
         per_replica = Counter(t.replica for t in s.turns.values())
         per_caller = Counter(t.caller for t in s.turns.values() if not t.single_pass)
@@ -174,7 +309,21 @@ class CoreMachine(RuleBasedStateMachine):
         for run in s.runs.values():
             assert run.turns_in_flight == per_run[run.id]
             assert (run.phase is Phase.GENERATING) == (run.turns_in_flight > 0)
+        assert {k: v for k, v in s.room.items() if v} == dict(count_room(draft(s)).room.items())
+        oldest: dict[tuple[object, ...], int] = {}
+        for held in s.held.values():
+            key = (held.bucket, held.service_class, held.caller)
+            oldest[key] = min(oldest.get(key, held.seq), held.seq)
+        heads = {
+            (b, c, caller): seq
+            for (b, c), callers in s.heads.items()
+            for caller, (seq, _) in callers.items()
+        }
+        assert heads == oldest, "queue heads are not each caller's oldest held turn"
+        for held in s.held.values():
+            assert held.bucket == bucket_of(s, held.run_id, held.model, held.single_pass)
+            assert held.id in s.held_by_run[held.run_id]
 
 
-CoreMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=60, deadline=None)
+CoreMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
 TestCoreInvariants = CoreMachine.TestCase

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from luftpause.common.config import EndpointKind
 from luftpause.scheduler.core.decide import decide, initial_state
-from luftpause.scheduler.core.model import (
+from luftpause.scheduler.core.events import (
     Admit,
-    Phase,
     ProbeResult,
     Reject,
     Resync,
     RunEnded,
     RunExpired,
     RunSnapshot,
-    ServiceClass,
     Tick,
     TurnAbandoned,
     TurnExpired,
     TurnFailed,
     TurnSnapshot,
 )
+from luftpause.scheduler.core.model import Phase, ServiceClass
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 
 BATCH = ServiceClass.BATCH

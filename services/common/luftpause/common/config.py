@@ -14,7 +14,29 @@ File format (YAML, or TOML by extension)::
         health: /health              # health path, probed every 2 s
         metrics: /metrics            # load path; "" when the endpoint reports no load
         api_key_env: ENGINE_A_KEY    # environment variable holding its API key (optional)
-        load_from: [engine-x]        # a router: read its load from these endpoints (optional)
+        load_from: [engine-x]        # a router: read its load from these (optional, see below)
+
+Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
+the engine itself; the router's own metrics say nothing about the queue, so its load is read from
+the engines behind it. Each `load_from` entry is either
+
+- the id of another endpoint in the same file: its `url` + its own `metrics` path is read, with
+  its own API key (it must have a metrics path, and it must not be the router itself); or
+- the base URL of an engine that is not a replica itself, ``http(s)://host[:port][/prefix]``:
+  ``<url>/metrics`` is read, with no API key (keys go only where an endpoint names them).
+
+The router's load (running, waiting) is the sum over the entries that answer with known metric
+names; when none does, it reports no load (never capped). Its health is still its own `health`
+path. For example::
+
+    endpoints:
+      - id: router
+        url: http://sglang-router:30000
+        models: [llama]
+        load_from: [http://gpu-0:30001, http://gpu-1:30001]
+
+An https `url` is verified against the system's CA store; a private CA is trusted through the
+standard `SSL_CERT_FILE` (or `SSL_CERT_DIR`) environment variable, read when the process starts.
 """
 
 from __future__ import annotations
@@ -87,14 +109,49 @@ class Config:
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ConfigError(f"duplicate endpoint ids: {', '.join(dupes)}")
-        known = set(ids)
+        by_id = {e.id: e for e in self.endpoints}
         for e in self.endpoints:
-            missing = [s for s in e.load_from if s not in known]
-            if missing:
-                raise ConfigError(f"endpoint {e.id}: load_from names unknown endpoints {missing}")
+            _check_load_from(e, by_id)
 
     def endpoint(self, endpoint_id: str) -> Endpoint | None:
         return next((e for e in self.endpoints if e.id == endpoint_id), None)
+
+
+def is_base_url(value: str) -> bool:
+    """True for an http(s) URL with a host, as a `load_from` entry that is not an endpoint id."""
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and not parts.query
+        and not parts.fragment
+    )
+
+
+def _check_load_from(endpoint: Endpoint, by_id: Mapping[str, Endpoint]) -> None:
+    where = f"endpoint {endpoint.id}: load_from"
+    seen: set[str] = set()
+    for entry in endpoint.load_from:
+        if entry in seen:
+            raise ConfigError(f"{where} lists {entry!r} twice (its load would count twice)")
+        seen.add(entry)
+        if entry == endpoint.id:
+            raise ConfigError(f"{where} names the endpoint itself; list the engines behind it")
+        target = by_id.get(entry)
+        if target is not None:
+            if not target.metrics:
+                raise ConfigError(
+                    f"{where} names endpoint {entry!r}, which has no metrics path to read"
+                )
+        elif not is_base_url(entry):
+            raise ConfigError(
+                f"{where} entry {entry!r} is neither an endpoint id in this file nor an "
+                "http(s)://host[:port] URL"
+            )
 
 
 def _str_list(value: Any, where: str) -> tuple[str, ...]:

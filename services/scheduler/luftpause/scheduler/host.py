@@ -16,16 +16,16 @@ import structlog
 
 from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.decide import decide, initial_state
-from luftpause.scheduler.core.model import (
+from luftpause.scheduler.core.events import (
     Action,
     Event,
     Place,
     Reject,
     RunExpired,
-    State,
     TurnAbandoned,
     TurnExpired,
 )
+from luftpause.scheduler.core.model import State
 from luftpause.scheduler.metrics import SchedulerMetrics
 
 log = structlog.get_logger(__name__)

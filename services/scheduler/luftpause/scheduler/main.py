@@ -20,7 +20,7 @@ from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.rpc import scheduler_pb2, scheduler_pb2_grpc
-from luftpause.scheduler.core.model import Tick
+from luftpause.scheduler.core.events import Tick
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.http import build_app
 from luftpause.scheduler.prober import PROBE_PERIOD_S, Prober

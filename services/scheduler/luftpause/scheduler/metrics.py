@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from luftpause.scheduler.core.model import Place, State
+from luftpause.scheduler.core.events import Place
+from luftpause.scheduler.core.model import State
 
 if TYPE_CHECKING:
     from luftpause.scheduler.host import SchedulerHost

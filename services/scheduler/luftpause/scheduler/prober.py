@@ -1,9 +1,17 @@
 """The prober: reads every replica's health path and `/metrics` each probe period.
 
-`parse_load` is pure (text in, numbers out); `Prober` is the shell that does the HTTP and feeds
-`ProbeResult` events to the host. A probe that fails or takes longer than the period marks the
-replica unhealthy; a replica whose metrics cannot be read, or that exports none of the known
-names, is healthy but reports no load (and so is never capped).
+`parse_load`, `sum_loads` and `load_targets` are pure (text or config in, values out); `Prober`
+is the shell that does the HTTP and feeds `ProbeResult` events to the host. A health probe that
+fails, answers non-2xx or takes longer than the period marks the replica unhealthy; a replica
+whose metrics cannot be read, or that exports none of the known names, is healthy but reports no
+load (and so is never capped).
+
+A router replica (`load_from` in the endpoint file) keeps its own health path; its load is the
+sum of the loads read from each of its targets, fetched concurrently with its health probe and
+with each other, all within the period. A target that fails, times out or exports no known names
+is left out of the sum; when no target gives a load, the router reports no load. Probes send
+`Authorization: Bearer <key>` when the endpoint's key variable is set; a `load_from` URL (an
+engine that is not a replica) gets no key.
 
 Engine metric names understood (running, waiting), first match wins:
   SGLang     sglang:num_running_reqs      sglang:num_queue_reqs
@@ -15,13 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 import structlog
 
 from luftpause.common.config import Endpoint
-from luftpause.scheduler.core.model import ProbeResult
+from luftpause.scheduler.core.events import ProbeResult
 from luftpause.scheduler.host import SchedulerHost
 
 log = structlog.get_logger(__name__)
@@ -73,6 +83,49 @@ def parse_load(text: str) -> Load | None:
     return None
 
 
+def sum_loads(loads: Iterable[Load | None]) -> Load | None:
+    """The summed load of the targets that gave one; None when none did."""
+    known = [load for load in loads if load is not None]
+    if not known:
+        return None
+    return Load(
+        running=sum(load.running for load in known), waiting=sum(load.waiting for load in known)
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadTarget:
+    """One metrics URL a replica's load is read from, and the key variable to send there."""
+
+    url: str
+    api_key_env: str = ""
+
+
+def load_targets(endpoint: Endpoint, by_id: Mapping[str, Endpoint]) -> tuple[LoadTarget, ...]:
+    """Where `endpoint`'s load is read: its own metrics path, or each of its `load_from`."""
+    if not endpoint.load_from:
+        if not endpoint.metrics:
+            return ()
+        return (
+            LoadTarget(url=endpoint.base_url + endpoint.metrics, api_key_env=endpoint.api_key_env),
+        )
+    targets = []
+    for entry in endpoint.load_from:
+        other = by_id.get(entry)
+        if other is None:
+            targets.append(LoadTarget(url=entry.rstrip("/") + "/metrics"))
+        elif other.metrics:
+            targets.append(
+                LoadTarget(url=other.base_url + other.metrics, api_key_env=other.api_key_env)
+            )
+    return tuple(targets)
+
+
+def _auth(api_key_env: str) -> dict[str, str]:
+    key = os.environ.get(api_key_env, "") if api_key_env else ""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class Prober:
     """Probes every endpoint on a fixed period and reports to the host."""
 
@@ -86,29 +139,18 @@ class Prober:
         self.host = host
         self.endpoints = endpoints
         self.period = period
+        by_id = {e.id: e for e in endpoints}
+        self._targets = {e.id: load_targets(e, by_id) for e in endpoints}
         self._session: aiohttp.ClientSession | None = None
 
     async def probe(self, endpoint: Endpoint) -> ProbeResult:
-        """One probe of one endpoint, bounded by the period."""
-        assert self._session is not None
-        headers = {"Authorization": f"Bearer {key}"} if (key := endpoint.api_key()) else {}
-        healthy, load = False, None
-        try:
-            async with asyncio.timeout(self.period):
-                async with self._session.get(
-                    endpoint.base_url + endpoint.health, headers=headers
-                ) as resp:
-                    healthy = 200 <= resp.status < 300
-                    await resp.read()
-                if healthy and endpoint.metrics:
-                    async with self._session.get(
-                        endpoint.base_url + endpoint.metrics, headers=headers
-                    ) as resp:
-                        if resp.status == 200:
-                            load = parse_load(await resp.text())
-        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError) as exc:
-            if not healthy:
-                log.debug("probe failed", replica=endpoint.id, error=str(exc) or type(exc).__name__)
+        """One probe of one endpoint: health and load read concurrently, bounded by the period."""
+        healthy, load = await asyncio.gather(
+            self._healthy(endpoint),
+            self._load(self._targets.get(endpoint.id, ()), endpoint.id),
+        )
+        if not healthy:
+            load = None
         return ProbeResult(
             at=self.host.now(),
             replica_id=endpoint.id,
@@ -116,6 +158,42 @@ class Prober:
             running=load.running if load else None,
             waiting=load.waiting if load else None,
         )
+
+    async def _healthy(self, endpoint: Endpoint) -> bool:
+        assert self._session is not None
+        try:
+            async with asyncio.timeout(self.period):
+                async with self._session.get(
+                    endpoint.base_url + endpoint.health, headers=_auth(endpoint.api_key_env)
+                ) as resp:
+                    await resp.read()
+                    if 200 <= resp.status < 300:
+                        return True
+                    log.debug("probe failed", replica=endpoint.id, status=resp.status)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.debug("probe failed", replica=endpoint.id, error=str(exc) or type(exc).__name__)
+        return False
+
+    async def _load(self, targets: tuple[LoadTarget, ...], replica_id: str) -> Load | None:
+        loads = await asyncio.gather(*(self._read_load(t, replica_id) for t in targets))
+        return sum_loads(loads)
+
+    async def _read_load(self, target: LoadTarget, replica_id: str) -> Load | None:
+        assert self._session is not None
+        try:
+            async with asyncio.timeout(self.period):
+                async with self._session.get(target.url, headers=_auth(target.api_key_env)) as resp:
+                    if resp.status != 200:
+                        return None
+                    return parse_load(await resp.text())
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError) as exc:
+            log.debug(
+                "metrics unreadable",
+                replica=replica_id,
+                url=target.url,
+                error=str(exc) or type(exc).__name__,
+            )
+            return None
 
     async def probe_all(self) -> None:
         results = await asyncio.gather(*(self.probe(e) for e in self.endpoints))

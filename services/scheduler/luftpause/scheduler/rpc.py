@@ -15,6 +15,7 @@ import structlog
 
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
+from luftpause.scheduler.core import events as e
 from luftpause.scheduler.core import model as m
 from luftpause.scheduler.core.status import status_view
 from luftpause.scheduler.host import SchedulerHost, TurnRejected
@@ -41,12 +42,12 @@ def service_class(value: int) -> m.ServiceClass:
     return _CLASS_IN.get(value, m.ServiceClass.INTERACTIVE)
 
 
-def turn_event(ev: pb.TurnEvent, at: float) -> m.Event | None:
+def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
     """The core event for one reported turn event (None for an empty one)."""
     kind = ev.WhichOneof("kind")
     if kind == "finished":
         u = ev.finished.usage
-        return m.TurnFinished(
+        return e.TurnFinished(
             at=at,
             turn_id=ev.turn_id,
             tool_calls=ev.finished.tool_calls,
@@ -56,21 +57,21 @@ def turn_event(ev: pb.TurnEvent, at: float) -> m.Event | None:
             finish_reason=ev.finished.finish_reason,
         )
     if kind == "failed":
-        return m.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
+        return e.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
     if kind == "abandoned":
-        return m.TurnAbandoned(at=at, turn_id=ev.turn_id)
+        return e.TurnAbandoned(at=at, turn_id=ev.turn_id)
     if kind == "run_ended":
-        return m.RunEnded(at=at, run_id=ev.run_id)
+        return e.RunEnded(at=at, run_id=ev.run_id)
     if kind == "started":
-        return m.TurnStarted(at=at, turn_id=ev.turn_id)
+        return e.TurnStarted(at=at, turn_id=ev.turn_id)
     if kind == "first_token":
-        return m.FirstToken(at=at, turn_id=ev.turn_id)
+        return e.FirstToken(at=at, turn_id=ev.turn_id)
     return None
 
 
-def resync_event(req: pb.ResyncRequest, at: float) -> m.Resync:
+def resync_event(req: pb.ResyncRequest, at: float) -> e.Resync:
     runs = tuple(
-        m.RunSnapshot(
+        e.RunSnapshot(
             run_id=r.run_id,
             replica=r.replica_id,
             phase=_PHASE_IN.get(r.phase, m.Phase.IDLE),
@@ -82,7 +83,7 @@ def resync_event(req: pb.ResyncRequest, at: float) -> m.Resync:
         if r.run_id
     )
     turns = tuple(
-        m.TurnSnapshot(
+        e.TurnSnapshot(
             turn_id=t.turn_id,
             run_id=t.run_id,
             replica=t.replica_id,
@@ -93,7 +94,7 @@ def resync_event(req: pb.ResyncRequest, at: float) -> m.Resync:
         for t in req.turns
         if t.turn_id and t.replica_id
     )
-    return m.Resync(at=at, dataplane=req.dataplane_id, runs=runs, turns=turns)
+    return e.Resync(at=at, dataplane=req.dataplane_id, runs=runs, turns=turns)
 
 
 def status_reply(host: SchedulerHost) -> pb.StatusReply:
@@ -145,7 +146,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         host = self.host
         fut = host.wait_for(request.turn_id)
         host.apply(
-            m.Admit(
+            e.Admit(
                 at=host.now(),
                 turn_id=request.turn_id,
                 run_id=request.run_id,
@@ -179,7 +180,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             event = turn_event(ev, self.host.now())
             if event is None:
                 continue
-            if isinstance(event, m.TurnFailed):
+            if isinstance(event, e.TurnFailed):
                 self.host.metrics.failed_turn(self.host.state, event.turn_id)
             self.host.apply(event)
         return pb.ReportSummary(events=count)

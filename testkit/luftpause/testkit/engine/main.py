@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.testkit.engine.params import EngineParams, SimParams
-from luftpause.testkit.engine.server import serve
+from luftpause.testkit.engine.server import serve, server_tls_context
 
 _E = EngineParams()
 _S = SimParams()
@@ -81,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="rate-limit window in simulated seconds",
     )
     add("--require-key", default=None, help="answer 401 unless Authorization: Bearer KEY")
+    add("--tls-cert", metavar="FILE", default=None, help="serve https: PEM certificate chain")
+    add("--tls-key", metavar="FILE", default=None, help="serve https: PEM private key")
     return p
 
 
@@ -111,9 +114,11 @@ def params_from(args: argparse.Namespace) -> SimParams:
     )
 
 
-async def _serve_until(stop: asyncio.Event, params: SimParams, host: str, port: int) -> None:
+async def _serve_until(
+    stop: asyncio.Event, params: SimParams, host: str, port: int, tls: ssl.SSLContext | None
+) -> None:
     log = setup_logging("fake-engine")
-    server = await serve(params, host, port)
+    server = await serve(params, host, port, tls=tls)
     log.info(
         "listening",
         url=server.url,
@@ -135,4 +140,12 @@ def main(argv: list[str]) -> int:
         params = params_from(args)
     except ValueError as exc:
         parser.error(str(exc))
-    return run_async(lambda stop: _serve_until(stop, params, args.host, args.port))
+    tls: ssl.SSLContext | None = None
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    if args.tls_cert is not None:
+        try:
+            tls = server_tls_context(args.tls_cert, args.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            parser.error(f"cannot load the TLS certificate or key: {exc}")
+    return run_async(lambda stop: _serve_until(stop, params, args.host, args.port, tls))

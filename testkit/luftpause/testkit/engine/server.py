@@ -11,6 +11,7 @@ import asyncio
 import math
 import secrets
 import socket
+import ssl
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -303,10 +304,11 @@ class RunningServer:
     runner: web.AppRunner
     host: str
     port: int
+    tls: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     @property
     def sim(self) -> Simulator:
@@ -316,11 +318,24 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def serve(params: SimParams, host: str = "127.0.0.1", port: int = 0) -> RunningServer:
-    """Start a replica on host:port (0 picks a free port) and return once it listens."""
+def server_tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A server-side TLS context from a PEM certificate chain and its private key."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+async def serve(
+    params: SimParams,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    tls: ssl.SSLContext | None = None,
+) -> RunningServer:
+    """Start a replica on host:port (0 picks a free port), over TLS when `tls` is given."""
     runner = web.AppRunner(make_app(params), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()
     bound = runner.addresses[0][1]
-    return RunningServer(runner=runner, host=host, port=bound)
+    return RunningServer(runner=runner, host=host, port=bound, tls=tls is not None)

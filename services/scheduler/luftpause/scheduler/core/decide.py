@@ -4,54 +4,73 @@ Pure module: no I/O, no clock reads, no awaits, no randomness. The gRPC host and
 feed it events and carry out the actions it returns; the same sequence of events always gives
 the same states and actions.
 
-Theory of operation. A turn enters as `Admit` and waits in `held` until a replica may take it
-(`placement.choose_replica`). Whenever something frees or adds room (a turn ends, a probe
-changes load or health, a resync), held turns drain in priority order: interactive before
-batch, then the caller with the fewest turns in flight, then arrival. A placed turn puts its
-run in GENERATING on that replica; a reply ending in tool calls leaves it TOOL_PAUSED there
-(pinned, and holding headroom against batch if it is interactive); any other end leaves it
-IDLE (free to move). Ticks expire turns never reported back and runs idle too long.
+Theory of operation. A turn enters as `Admit` and waits in a queue of its bucket (see `model`)
+until a replica may take it (`placement.choose_replica`). Whenever something adds room (a turn
+ends, a probe changes load or health, a resync), the buckets that room could serve drain in
+priority order: interactive before batch, then the caller with the fewest turns in flight, then
+arrival. A placed turn puts its run in GENERATING on that replica; a reply ending in tool calls
+leaves it TOOL_PAUSED there (pinned, and holding headroom against batch if it is interactive);
+any other end leaves it IDLE (free to move). Ticks expire turns never reported back, runs idle
+too long, and the turns of dataplanes gone past their grace period.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
-from dataclasses import replace
 
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core.model import (
-    RUN_IDLE_EXPIRY_S,
-    TURN_TIMEOUT_S,
+from luftpause.scheduler.core import expiry, queues
+from luftpause.scheduler.core.events import (
     Action,
     Admit,
+    DataplaneConnected,
+    DataplaneDisconnected,
+    DataplaneReleased,
     Event,
     FirstToken,
-    HeldTurn,
-    Phase,
     Place,
     ProbeResult,
     Reject,
-    Replica,
     Resync,
-    Run,
     RunEnded,
     RunExpired,
-    ServiceClass,
-    State,
     Tick,
-    Turn,
     TurnAbandoned,
     TurnExpired,
     TurnFailed,
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.core.placement import choose_replica, serves
+from luftpause.scheduler.core.model import (
+    DATAPLANE_GRACE_S,
+    RUN_IDLE_EXPIRY_S,
+    Bucket,
+    DataplaneLink,
+    HeldTurn,
+    Phase,
+    Replica,
+    Run,
+    ServiceClass,
+    State,
+    Turn,
+    cap_for,
+    draft,
+    evolve,
+    put,
+)
+from luftpause.scheduler.core.placement import (
+    bucket_fits,
+    choose_replica,
+    count_room,
+    serves,
+    set_replica,
+)
+from luftpause.scheduler.core.resync import resync
 
 Decision = tuple[State, tuple[Action, ...]]
+_CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 
 def initial_state(endpoints: Iterable[Endpoint]) -> State:
@@ -64,35 +83,50 @@ def initial_state(endpoints: Iterable[Endpoint]) -> State:
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
             index.setdefault(m, []).append(e.id)
-    return State(
-        replicas=immutables.Map(replicas),
-        generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
-        single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
+    return count_room(
+        State(
+            replicas=immutables.Map(replicas),
+            generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
+            single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
+        )
     )
 
 
 def decide(state: State, event: Event) -> Decision:
     """Apply one event; return the new state and what the shell must do."""
-    state = replace(state, now=max(state.now, event.at))
+    state = draft(state)
+    at = event.at
     match event:
         case Admit():
             return _admit(state, event)
         case TurnFinished():
-            return _drain(_end_turn(state, event.turn_id, event.at, event.tool_calls))
+            return _after_turn_end(state, event.turn_id, at, event.tool_calls)
         case TurnFailed():
-            return _drain(_end_turn(state, event.turn_id, event.at, tool_calls=False))
+            return _after_turn_end(state, event.turn_id, at, tool_calls=False)
         case TurnAbandoned():
-            if event.turn_id in state.held:
-                return replace(state, held=state.held.delete(event.turn_id)), ()
-            return _drain(_end_turn(state, event.turn_id, event.at, tool_calls=False))
+            held = state.held.get(event.turn_id)
+            if held is not None:
+                return queues.remove(state, held), ()
+            return _after_turn_end(state, event.turn_id, at, tool_calls=False)
         case RunEnded():
-            return _drain(_forget_run(state, event.run_id))
+            state, moved = _forget_run(state, event.run_id)
+            return _drain(state, moved, at)
         case ProbeResult():
-            return _drain(_probe(state, event))
+            return _probe(state, event)
         case Tick():
-            return _tick(state, event.at)
+            return _tick(state, at)
         case Resync():
-            return _drain(_resync(state, event))
+            state = resync(state, event)
+            return _drain(state, _all_buckets(state), at)
+        case DataplaneConnected():
+            link = state.dataplanes.get(event.dataplane, DataplaneLink())
+            link = DataplaneLink(streams=link.streams + 1, gone_since=None)
+            return put(state, dataplanes=state.dataplanes.set(event.dataplane, link)), ()
+        case DataplaneDisconnected():
+            link = state.dataplanes.get(event.dataplane, DataplaneLink(streams=1))
+            streams = max(link.streams - 1, 0)
+            link = DataplaneLink(streams=streams, gone_since=None if streams else at)
+            return put(state, dataplanes=state.dataplanes.set(event.dataplane, link)), ()
         case TurnStarted() | FirstToken():
             return state, ()
     raise TypeError(f"unknown event {event!r}")
@@ -115,6 +149,7 @@ def _admit(state: State, ev: Admit) -> Decision:
         return state, (
             Reject(turn_id=ev.turn_id, message=f"no {kind} replica serves model '{ev.model}'"),
         )
+    bucket = queues.bucket_of(state, ev.run_id, ev.model, ev.single_pass)
     held = HeldTurn(
         id=ev.turn_id,
         run_id=ev.run_id,
@@ -125,49 +160,66 @@ def _admit(state: State, ev: Admit) -> Decision:
         seq=state.next_seq,
         dataplane=ev.dataplane,
         single_pass=ev.single_pass,
+        bucket=bucket,
     )
-    state = replace(state, held=state.held.set(held.id, held), next_seq=state.next_seq + 1)
-    return _drain(state)
+    state = put(state, next_seq=state.next_seq + 1)
+    replica = choose_replica(state, held)
+    if replica is None:
+        return queues.add(state, held), ()
+    # It fits now, so nothing else waits in its bucket and class (no held turn ever could be
+    # placed after a step): placing it at once is what a drain would do.
+    state, moved = _place(state, held, replica, ev.at, queued=False)
+    state, more = _drain(state, moved, ev.at)
+    first = Place(turn_id=held.id, replica_id=replica.id, replica_url=replica.url, held_s=0.0)
+    return state, (first, *more)
 
 
-def _priority(state: State, turn: HeldTurn) -> tuple[bool, int, int]:
-    return (
-        turn.service_class is not ServiceClass.INTERACTIVE,
-        state.caller_in_flight.get(turn.caller, 0),
-        turn.seq,
-    )
+def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
+    """Place every held turn of `buckets` that fits, best first.
 
-
-def _drain(state: State) -> Decision:
-    """Place every held turn that fits, best first; keys only grow while we place."""
-    if not state.held:
+    Within one bucket and class every turn fits or none does (`bucket_fits`), so only the
+    heads of fitting buckets are compared, and a bucket that stops fitting is done. Placing a
+    turn can re-bucket other held turns of its run; their new buckets join the drain.
+    """
+    if not state.held or not buckets:
         return state, ()
-    heap = [(_priority(state, t), t.id) for t in state.held.values()]
-    heapq.heapify(heap)
     actions: list[Action] = []
-    while heap:
-        key, turn_id = heapq.heappop(heap)
-        turn = state.held[turn_id]
-        fresh = _priority(state, turn)
-        if fresh != key:
-            heapq.heappush(heap, (fresh, turn_id))
-            continue
-        replica = choose_replica(state, turn)
-        if replica is None:
-            continue
-        state = _place(state, turn, replica)
-        actions.append(
-            Place(
-                turn_id=turn.id,
-                replica_id=replica.id,
-                replica_url=replica.url,
-                held_s=state.now - turn.arrived_at,
+    pending = list(dict.fromkeys(buckets))
+    for cls in _CLASSES:
+        while True:
+            best: tuple[int, int, HeldTurn] | None = None
+            fitting = [b for b in pending if bucket_fits(state, b, cls)]
+            in_flight = state.caller_in_flight
+            for bucket in fitting:
+                for caller, turn in queues.heads(state, bucket, cls):
+                    key = (in_flight.get(caller, 0), turn.seq)
+                    if best is None or key < best[:2]:
+                        best = (*key, turn)
+            if best is None:
+                break
+            turn = best[2]
+            replica = choose_replica(state, turn)
+            if replica is None:  # cannot happen while bucket_fits holds; never loop on it
+                raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
+            state, moved = _place(state, turn, replica, at)
+            pending += [b for b in moved if b not in pending]
+            actions.append(
+                Place(
+                    turn_id=turn.id,
+                    replica_id=replica.id,
+                    replica_url=replica.url,
+                    held_s=at - turn.arrived_at,
+                )
             )
-        )
     return state, tuple(actions)
 
 
-def _place(state: State, held: HeldTurn, replica: Replica) -> State:
+def _place(
+    state: State, held: HeldTurn, replica: Replica, at: float, *, queued: bool = True
+) -> tuple[State, list[Bucket]]:
+    if queued:
+        state = queues.remove(state, held)
+    state, order = expiry.order_turn(state, held.id)
     turn = Turn(
         id=held.id,
         run_id=held.run_id,
@@ -175,36 +227,54 @@ def _place(state: State, held: HeldTurn, replica: Replica) -> State:
         model=held.model,
         service_class=held.service_class,
         caller=held.caller,
-        placed_at=state.now,
+        placed_at=at,
         dataplane=held.dataplane,
         single_pass=held.single_pass,
+        order=order,
     )
-    replicas = state.replicas.set(replica.id, replace(replica, in_flight=replica.in_flight + 1))
-    state = replace(
-        state,
-        held=state.held.delete(held.id),
-        turns=state.turns.set(turn.id, turn),
-        replicas=replicas,
+    state = set_replica(
+        put(state, turns=state.turns.set(turn.id, turn)),
+        evolve(replica, in_flight=replica.in_flight + 1),
     )
     if held.single_pass:
-        return state
-    state = _unpause(state, held.run_id)
+        return state, []
     old = state.runs.get(held.run_id)
-    run = Run(
-        id=held.run_id,
-        replica=replica.id,
-        phase=Phase.GENERATING,
-        service_class=held.service_class,
-        caller=held.caller,
-        turns_in_flight=(old.turns_in_flight if old else 0) + 1,
-        last_active=state.now,
+    # A paused interactive run moving away frees the headroom it held on its old replica.
+    freed = (
+        queues.buckets_for_replica(state, old.replica)
+        if old is not None and _holds_headroom(old) and old.replica != replica.id
+        else []
     )
+    state = _unpause(state, held.run_id)
+    if old is None:
+        run = Run(
+            id=held.run_id,
+            replica=replica.id,
+            phase=Phase.GENERATING,
+            service_class=held.service_class,
+            caller=held.caller,
+            turns_in_flight=1,
+            last_active=at,
+        )
+    else:
+        run = evolve(
+            old,
+            replica=replica.id,
+            phase=Phase.GENERATING,
+            service_class=held.service_class,
+            caller=held.caller,
+            turns_in_flight=old.turns_in_flight + 1,
+            last_active=at,
+            ended=False,
+        )
     callers = state.caller_in_flight
-    return replace(
+    state = put(
         state,
         runs=state.runs.set(run.id, run),
         caller_in_flight=callers.set(held.caller, callers.get(held.caller, 0) + 1),
     )
+    state, moved = queues.rebucket_run(state, run.id)
+    return state, [*freed, *moved]
 
 
 # --- run phase bookkeeping -----------------------------------------------------------------
@@ -214,8 +284,8 @@ def _bump_paused(state: State, replica_id: str, delta: int) -> State:
     replica = state.replicas.get(replica_id)
     if replica is None:
         return state
-    updated = replace(replica, paused_interactive=max(replica.paused_interactive + delta, 0))
-    return replace(state, replicas=state.replicas.set(replica_id, updated))
+    updated = evolve(replica, paused_interactive=max(replica.paused_interactive + delta, 0))
+    return set_replica(state, updated)
 
 
 def _holds_headroom(run: Run) -> bool:
@@ -230,141 +300,124 @@ def _unpause(state: State, run_id: str) -> State:
     return _bump_paused(state, run.replica, -1)
 
 
-def _end_turn(state: State, turn_id: str, at: float, tool_calls: bool) -> State:
+def _after_turn_end(state: State, turn_id: str, at: float, tool_calls: bool) -> Decision:
     turn = state.turns.get(turn_id)
     if turn is None:
-        return state
-    state = replace(state, turns=state.turns.delete(turn_id))
+        return state, ()
+    state, moved = _end_turn(state, turn, at, tool_calls)
+    return _drain(state, [*queues.buckets_for_replica(state, turn.replica), *moved], at)
+
+
+def _end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[State, list[Bucket]]:
+    state = expiry.unorder_turn(put(state, turns=state.turns.delete(turn.id)), turn.order)
     replica = state.replicas.get(turn.replica)
     if replica is not None:
-        replicas = state.replicas.set(replica.id, replace(replica, in_flight=replica.in_flight - 1))
-        state = replace(state, replicas=replicas)
+        state = set_replica(state, evolve(replica, in_flight=replica.in_flight - 1))
     if turn.single_pass:
-        return state
+        return state, []
     count = state.caller_in_flight.get(turn.caller, 0) - 1
+    callers = state.caller_in_flight
     callers = (
-        state.caller_in_flight.set(turn.caller, count)
+        callers.set(turn.caller, count)
         if count > 0
-        else state.caller_in_flight.delete(turn.caller)
-        if turn.caller in state.caller_in_flight
-        else state.caller_in_flight
+        else callers.delete(turn.caller)
+        if turn.caller in callers
+        else callers
     )
-    state = replace(state, caller_in_flight=callers)
+    state = put(state, caller_in_flight=callers)
     run = state.runs.get(turn.run_id)
     if run is None:
-        return state
+        return state, []
     left = max(run.turns_in_flight - 1, 0)
-    phase = run.phase if left else (Phase.TOOL_PAUSED if tool_calls else Phase.IDLE)
-    ended = replace(
-        run,
-        turns_in_flight=left,
-        phase=phase,
-        last_active=at,
-        replica=turn.replica if not left else run.replica,
-    )
-    if ended.ended and not left:
-        return replace(state, runs=state.runs.delete(run.id))
-    state = replace(state, runs=state.runs.set(run.id, ended))
-    return _bump_paused(state, ended.replica, 1) if _holds_headroom(ended) else state
+    if left:
+        return put(state, runs=state.runs.set(run.id, evolve(run, turns_in_flight=left))), []
+    if run.ended:
+        return queues.rebucket_run(put(state, runs=state.runs.delete(run.id)), run.id)
+    phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
+    ended = evolve(run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica)
+    state = put(state, runs=state.runs.set(run.id, ended))
+    if _holds_headroom(ended):
+        state = _bump_paused(state, ended.replica, 1)
+    state = expiry.schedule_run_check(state, ended, at + RUN_IDLE_EXPIRY_S)
+    return queues.rebucket_run(state, run.id)
 
 
-def _forget_run(state: State, run_id: str) -> State:
+def _forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
+    """Forget a run; return the buckets that may now fit (its headroom and held turns)."""
     run = state.runs.get(run_id)
     if run is None:
-        return state
+        return state, []
     if run.turns_in_flight:
-        return replace(state, runs=state.runs.set(run_id, replace(run, ended=True)))
+        return put(state, runs=state.runs.set(run_id, evolve(run, ended=True))), []
+    freed = queues.buckets_for_replica(state, run.replica) if _holds_headroom(run) else []
     state = _unpause(state, run_id)
-    return replace(state, runs=state.runs.delete(run_id))
+    state = put(state, runs=state.runs.delete(run_id))
+    state, moved = queues.rebucket_run(state, run_id)
+    return state, [*freed, *moved]
 
 
-# --- probes, time, resync ------------------------------------------------------------------
+# --- probes, time --------------------------------------------------------------------------
 
 
-def _probe(state: State, ev: ProbeResult) -> State:
+def _probe(state: State, ev: ProbeResult) -> Decision:
     replica = state.replicas.get(ev.replica_id)
     if replica is None:
-        return state
-    updated = replace(
-        replica, healthy=ev.healthy, engine_running=ev.running, engine_waiting=ev.waiting
+        return state, ()
+    if (replica.healthy, replica.engine_running, replica.engine_waiting) == (
+        ev.healthy,
+        ev.running,
+        ev.waiting,
+    ):
+        return state, ()
+    updated = evolve(
+        replica,
+        healthy=ev.healthy,
+        engine_running=ev.running,
+        engine_waiting=ev.waiting,
+        cap=cap_for(ev.running, ev.waiting),
     )
-    return replace(state, replicas=state.replicas.set(replica.id, updated))
+    state = set_replica(state, updated)
+    return _drain(state, queues.buckets_for_replica(state, replica.id), ev.at)
 
 
 def _tick(state: State, at: float) -> Decision:
     actions: list[Action] = []
-    for turn in list(state.turns.values()):
-        if at - turn.placed_at >= TURN_TIMEOUT_S:
-            state = _end_turn(state, turn.id, at, tool_calls=False)
-            actions.append(TurnExpired(turn_id=turn.id, replica_id=turn.replica))
-    for run in list(state.runs.values()):
-        if run.turns_in_flight == 0 and at - run.last_active >= RUN_IDLE_EXPIRY_S:
-            state = _forget_run(state, run.id)
-            actions.append(RunExpired(run_id=run.id))
-    state, placed = _drain(state) if actions else (state, ())
+    dirty: list[Bucket] = []
+    state, timed_out = expiry.timed_out_turns(state, at)
+    for tid in timed_out:
+        turn = state.turns[tid]
+        state, moved = _end_turn(state, turn, at, tool_calls=False)
+        dirty += [*queues.buckets_for_replica(state, turn.replica), *moved]
+        actions.append(TurnExpired(turn_id=tid, replica_id=turn.replica))
+    state, due = expiry.due_run_checks(state, at)
+    for rid in due:
+        run = evolve(state.runs[rid], check_at=-1)
+        state = put(state, runs=state.runs.set(rid, run))
+        if expiry.idle_expired(run, at):
+            state, moved = _forget_run(state, rid)
+            dirty += moved
+            actions.append(RunExpired(run_id=rid))
+        else:
+            since = run.last_active if run.turns_in_flight == 0 else at
+            state = expiry.schedule_run_check(state, run, since + RUN_IDLE_EXPIRY_S)
+    for dataplane, link in list(state.dataplanes.items()):
+        if link.gone_since is not None and at - link.gone_since >= DATAPLANE_GRACE_S:
+            state, released, moved = _release_dataplane(state, dataplane, at)
+            dirty += moved
+            actions.append(DataplaneReleased(dataplane=dataplane, turns=released))
+    state, placed = _drain(state, dirty, at) if dirty else (state, ())
     return state, (*actions, *placed)
 
 
-def _resync(state: State, ev: Resync) -> State:
-    """Replace this dataplane's turns and its runs with its report; recount what derives."""
-    turns = {tid: t for tid, t in state.turns.items() if t.dataplane != ev.dataplane}
-    for snap in ev.turns:
-        if snap.replica in state.replicas:
-            turns[snap.turn_id] = Turn(
-                id=snap.turn_id,
-                run_id=snap.run_id,
-                replica=snap.replica,
-                model=snap.model,
-                service_class=snap.service_class,
-                caller=snap.caller,
-                placed_at=ev.at,
-                dataplane=ev.dataplane,
-                single_pass=not snap.run_id,
-            )
-    runs = dict(state.runs.items())
-    for rs in ev.runs:
-        runs[rs.run_id] = Run(
-            id=rs.run_id,
-            replica=rs.replica if rs.replica in state.replicas else "",
-            phase=rs.phase,
-            service_class=rs.service_class,
-            caller=rs.caller,
-            last_active=ev.at - rs.idle_seconds,
-        )
-    held = state.held.mutate()
-    for tid in turns:
-        if tid in held:
-            del held[tid]
-    return _recount(replace(state, held=held.finish()), turns, runs)
+def _release_dataplane(state: State, dataplane: str, at: float) -> tuple[State, int, list[Bucket]]:
+    """Free every turn a gone dataplane had in flight; it no longer reports them."""
+    gone = [t for t in state.turns.values() if t.dataplane == dataplane]
+    dirty: list[Bucket] = []
+    for turn in gone:
+        state, moved = _end_turn(state, turn, at, tool_calls=False)
+        dirty += [*queues.buckets_for_replica(state, turn.replica), *moved]
+    return put(state, dataplanes=state.dataplanes.delete(dataplane)), len(gone), dirty
 
 
-def _recount(state: State, turns: dict[str, Turn], runs: dict[str, Run]) -> State:
-    """Rebuild every derived counter from the turns and runs themselves."""
-    in_flight: dict[str, int] = {}
-    paused: dict[str, int] = {}
-    callers: dict[str, int] = {}
-    per_run: dict[str, int] = {}
-    for t in turns.values():
-        in_flight[t.replica] = in_flight.get(t.replica, 0) + 1
-        if not t.single_pass:
-            callers[t.caller] = callers.get(t.caller, 0) + 1
-            per_run[t.run_id] = per_run.get(t.run_id, 0) + 1
-    for rid, run in runs.items():
-        n = per_run.get(rid, 0)
-        phase = (
-            Phase.GENERATING if n else (Phase.IDLE if run.phase is Phase.GENERATING else run.phase)
-        )
-        runs[rid] = run = replace(run, turns_in_flight=n, phase=phase)
-        if _holds_headroom(run) and run.replica:
-            paused[run.replica] = paused.get(run.replica, 0) + 1
-    replicas = {
-        rid: replace(r, in_flight=in_flight.get(rid, 0), paused_interactive=paused.get(rid, 0))
-        for rid, r in state.replicas.items()
-    }
-    return replace(
-        state,
-        turns=immutables.Map(turns),
-        runs=immutables.Map(runs),
-        replicas=immutables.Map(replicas),
-        caller_in_flight=immutables.Map(callers),
-    )
+def _all_buckets(state: State) -> list[Bucket]:
+    return list(dict.fromkeys(t.bucket for t in state.held.values()))

@@ -1,16 +1,25 @@
-"""Values of the scheduler's decision core: state records, events in, actions out.
+"""State records of the scheduler's decision core.
 
 Pure module: no I/O, no clock reads, no awaits. Every record is frozen and checks its input
-when built. Time arrives as the `at` field of an event (seconds on the shell's monotonic clock).
+when built; `evolve` makes a changed copy without re-running those checks (the core only
+evolves records it built itself, and the property tests check the derived counters).
 
 State is a handful of persistent maps (`immutables.Map`, a HAMT): an update copies O(log n)
-nodes, so keeping the old state around costs nothing and an event never walks all runs.
+nodes, so keeping the old state around costs nothing and no event walks all runs. Indexes:
+
+- held turns sit in FIFO queues keyed by (bucket, class, caller); a bucket is where the turn
+  may go: `("r", replica, model)` for a run pinned to a replica that serves the model, else
+  `("m", "", model)`. Every turn in one bucket and class can be placed, or none can, so a drain
+  looks at queue heads only;
+- placed turns are numbered in placement order for the turn timeout;
+- runs are checked for idle expiry from per-second buckets, one pending check per run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from enum import StrEnum
+from typing import Any, TypeVar
 
 import immutables
 
@@ -22,6 +31,56 @@ TURN_TIMEOUT_S = 600.0
 RUN_IDLE_EXPIRY_S = 1800.0
 """A run with no turn for this long is forgotten; its next turn starts without affinity."""
 
+DATAPLANE_GRACE_S = 30.0
+"""A dataplane whose event stream is gone this long has its turns in flight released."""
+
+Bucket = tuple[str, str, str]
+"""Where a held turn may go: ("r", replica, model) when pinned, else ("m", "", model)."""
+
+Chain = tuple[Any, ...] | None
+"""A persistent cons list: (head..., rest) or None."""
+
+_R = TypeVar("_R")
+_MISSING: Any = object()
+_EVOLVERS: dict[type, Any] = {}
+
+
+def _make_evolver(cls: type) -> Any:
+    """A copy-with-changes function specialised to `cls`'s fields (generated once per class)."""
+    names = [f.name for f in fields(cls)]
+    params = ", ".join(f"{n}=_M" for n in names)
+    body = "\n".join(f"    _set(new, {n!r}, r.{n} if {n} is _M else {n})" for n in names)
+    src = f"def evolve(r, *, {params}):\n    new = _new(_cls)\n{body}\n    return new\n"
+    scope: dict[str, Any] = {
+        "_M": _MISSING,
+        "_new": object.__new__,
+        "_set": object.__setattr__,
+        "_cls": cls,
+    }
+    exec(src, scope)
+    return scope["evolve"]
+
+
+def draft(state: State) -> State:
+    """A private copy of `state` for one decide() call to `put` its changes into."""
+    return evolve(state)
+
+
+def put(draft_state: State, **changes: Any) -> State:
+    """Set fields of a draft made by `draft` (never of a state someone else holds)."""
+    for name, value in changes.items():
+        object.__setattr__(draft_state, name, value)
+    return draft_state
+
+
+def evolve(record: _R, **changes: Any) -> _R:
+    """A copy of a frozen slotted record with `changes`, without re-validating it."""
+    fn = _EVOLVERS.get(type(record))
+    if fn is None:
+        fn = _EVOLVERS[type(record)] = _make_evolver(type(record))
+    new: _R = fn(record, **changes)
+    return new
+
 
 class ServiceClass(StrEnum):
     INTERACTIVE = "interactive"
@@ -32,6 +91,13 @@ class Phase(StrEnum):
     IDLE = "idle"
     GENERATING = "generating"
     TOOL_PAUSED = "tool_paused"
+
+
+def cap_for(running: int | None, waiting: int | None) -> int | None:
+    """Turn cap: none while the engine reports no queue; once it queues, what it runs."""
+    if not waiting:
+        return None
+    return max(running or 0, 1)
 
 
 def _check_id(name: str, value: str) -> None:
@@ -58,6 +124,8 @@ class Replica:
     in_flight: int = 0
     # Interactive runs paused on a tool here: batch leaves one slot for each.
     paused_interactive: int = 0
+    # Turn cap from the engine's load: None while it reports no waiting queue (see `cap_for`).
+    cap: int | None = None
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -66,10 +134,7 @@ class Replica:
 
     @property
     def capacity(self) -> int | None:
-        """Turn cap: none while the engine reports no queue; once it queues, what it runs."""
-        if not self.engine_waiting:
-            return None
-        return max(self.engine_running or 0, 1)
+        return self.cap
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +150,8 @@ class Run:
     last_active: float = 0.0
     # The run was ended while a turn was in flight: forget it when that turn ends.
     ended: bool = False
+    # The second at which its idle expiry is next checked; -1 when none is pending.
+    check_at: int = -1
 
     def __post_init__(self) -> None:
         _check_id("run id", self.id)
@@ -110,6 +177,8 @@ class Turn:
     placed_at: float
     dataplane: str = ""
     single_pass: bool = False
+    # Position in placement order (the turn-timeout index).
+    order: int = 0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
@@ -129,185 +198,50 @@ class HeldTurn:
     seq: int
     dataplane: str = ""
     single_pass: bool = False
+    bucket: Bucket = ("m", "", "")
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DataplaneLink:
+    """How many event streams a dataplane has open, and since when it has had none."""
+
+    streams: int = 0
+    gone_since: float | None = None
+
+
+_EMPTY: immutables.Map[Any, Any] = immutables.Map()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class State:
     """Everything the scheduler knows. Replaced, never mutated."""
 
-    replicas: immutables.Map[str, Replica] = field(default_factory=immutables.Map)
+    replicas: immutables.Map[str, Replica] = _EMPTY
     # model -> replica ids serving it (generative and single-pass apart), fixed by config.
-    generative_by_model: immutables.Map[str, tuple[str, ...]] = field(
-        default_factory=immutables.Map
-    )
-    single_pass_by_model: immutables.Map[str, tuple[str, ...]] = field(
-        default_factory=immutables.Map
-    )
-    runs: immutables.Map[str, Run] = field(default_factory=immutables.Map)
-    turns: immutables.Map[str, Turn] = field(default_factory=immutables.Map)
-    held: immutables.Map[str, HeldTurn] = field(default_factory=immutables.Map)
-    caller_in_flight: immutables.Map[str, int] = field(default_factory=immutables.Map)
+    generative_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
+    single_pass_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
+    runs: immutables.Map[str, Run] = _EMPTY
+    turns: immutables.Map[str, Turn] = _EMPTY
+    held: immutables.Map[str, HeldTurn] = _EMPTY
+    caller_in_flight: immutables.Map[str, int] = _EMPTY
     next_seq: int = 0
-    now: float = 0.0
-
-
-# --- events --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Admit:
-    """A dataplane asks where a turn goes. `single_pass` turns never touch run state."""
-
-    at: float
-    turn_id: str
-    run_id: str
-    model: str
-    service_class: ServiceClass = ServiceClass.INTERACTIVE
-    caller: str = ""
-    dataplane: str = ""
-    single_pass: bool = False
-
-    def __post_init__(self) -> None:
-        _check_id("turn id", self.turn_id)
-        if not self.single_pass:
-            _check_id("run id", self.run_id)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnStarted:
-    at: float
-    turn_id: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FirstToken:
-    at: float
-    turn_id: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnFinished:
-    at: float
-    turn_id: str
-    tool_calls: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    finish_reason: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnFailed:
-    at: float
-    turn_id: str
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnAbandoned:
-    """The client left: a held turn leaves the queue; a placed one counts as failed."""
-
-    at: float
-    turn_id: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunEnded:
-    at: float
-    run_id: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ProbeResult:
-    at: float
-    replica_id: str
-    healthy: bool
-    running: int | None = None
-    waiting: int | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Tick:
-    at: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSnapshot:
-    run_id: str
-    replica: str
-    phase: Phase
-    service_class: ServiceClass
-    caller: str
-    idle_seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnSnapshot:
-    turn_id: str
-    run_id: str
-    replica: str
-    model: str
-    service_class: ServiceClass
-    caller: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Resync:
-    """A dataplane's whole truth: its runs and its turns in flight replace what we had."""
-
-    at: float
-    dataplane: str
-    runs: tuple[RunSnapshot, ...] = ()
-    turns: tuple[TurnSnapshot, ...] = ()
-
-
-Event = (
-    Admit
-    | TurnStarted
-    | FirstToken
-    | TurnFinished
-    | TurnFailed
-    | TurnAbandoned
-    | RunEnded
-    | ProbeResult
-    | Tick
-    | Resync
-)
-
-
-# --- actions -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Place:
-    """Send turn `turn_id` to replica `replica_id`."""
-
-    turn_id: str
-    replica_id: str
-    replica_url: str
-    held_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reject:
-    """Refuse the turn at once (no replica serves its model)."""
-
-    turn_id: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnExpired:
-    turn_id: str
-    replica_id: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunExpired:
-    run_id: str
-
-
-Action = Place | Reject | TurnExpired | RunExpired
+    # Held-turn index: (bucket, class, caller) -> FIFO (front chain, reversed back chain) of
+    # (seq, turn id); (bucket, class) -> caller -> (seq, id) of its queue's head; run -> held.
+    queues: immutables.Map[tuple[Bucket, ServiceClass, str], tuple[Chain, Chain]] = _EMPTY
+    heads: immutables.Map[tuple[Bucket, ServiceClass], immutables.Map[str, tuple[int, str]]] = (
+        _EMPTY
+    )
+    held_by_run: immutables.Map[str, tuple[str, ...]] = _EMPTY
+    # Turn-timeout index: placement order -> turn id, from head (oldest) to tail.
+    turn_order: immutables.Map[int, str] = _EMPTY
+    turn_order_head: int = 0
+    turn_order_tail: int = 0
+    # Run idle-expiry index: second -> chain (run id, rest) of runs to check then.
+    run_checks: immutables.Map[int, Chain] = _EMPTY
+    run_check_cursor: int = -1
+    dataplanes: immutables.Map[str, DataplaneLink] = _EMPTY
+    # (kind prefix "m"/"s", model, class) -> healthy replicas serving it with room for the class.
+    room: immutables.Map[tuple[str, str, ServiceClass], int] = _EMPTY

@@ -17,12 +17,17 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
 
 from __future__ import annotations
 
-from luftpause.scheduler.core.model import HeldTurn, Replica, ServiceClass, State
+import immutables
+
+from luftpause.common.config import EndpointKind
+from luftpause.scheduler.core.model import Bucket, HeldTurn, Replica, ServiceClass, State, put
+
+_CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     """Whether `replica` can take one more turn of `service_class` now."""
-    cap = replica.capacity
+    cap = replica.cap
     if cap is None:
         return True
     free = cap - replica.in_flight
@@ -31,8 +36,53 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     return free > 0
 
 
+def _fits(replica: Replica, service_class: ServiceClass) -> bool:
+    return replica.healthy and has_room(replica, service_class)
+
+
+def _prefix(replica: Replica) -> str:
+    return "s" if replica.kind is EndpointKind.SINGLE_PASS else "m"
+
+
+def set_replica(state: State, new: Replica) -> State:
+    """Store a changed replica, keeping the per-model room counters in step with it."""
+    old = state.replicas[new.id]
+    room = state.room
+    for cls in _CLASSES:
+        delta = _fits(new, cls) - _fits(old, cls)
+        if delta:
+            prefix = _prefix(new)
+            for model in new.models:
+                key = (prefix, model, cls)
+                room = room.set(key, room.get(key, 0) + delta)
+    return put(state, replicas=state.replicas.set(new.id, new), room=room)
+
+
+def count_room(state: State) -> State:
+    """All room counters recomputed from the replicas (initial state, resync)."""
+    room: dict[tuple[str, str, ServiceClass], int] = {}
+    for replica in state.replicas.values():
+        for cls in _CLASSES:
+            if _fits(replica, cls):
+                for model in replica.models:
+                    key = (_prefix(replica), model, cls)
+                    room[key] = room.get(key, 0) + 1
+    return put(state, room=immutables.Map(room))
+
+
+def bucket_fits(state: State, bucket: Bucket, cls: ServiceClass) -> bool:
+    """Whether a turn of `cls` in `bucket` could be placed now (all of the bucket, or none)."""
+    kind, replica_id, model = bucket
+    if kind == "r":
+        home = state.replicas[replica_id]
+        if home.healthy:
+            return has_room(home, cls)
+        kind = "m"
+    return state.room.get((kind, model, cls), 0) > 0
+
+
 def _load_key(replica: Replica) -> tuple[float, int, str]:
-    cap = replica.capacity
+    cap = replica.cap
     ratio = replica.in_flight / cap if cap else 0.0
     return (ratio, replica.in_flight, replica.id)
 
@@ -42,17 +92,20 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
     by_model = state.single_pass_by_model if turn.single_pass else state.generative_by_model
     ids = by_model.get(turn.model, ())
     run = None if turn.single_pass else state.runs.get(turn.run_id)
-    if run is not None and run.pinned:
+    if run is not None and run.replica:
         home = state.replicas.get(run.replica)
         if home is not None and home.healthy and run.replica in ids:
-            return home if has_room(home, turn.service_class) else None
+            if has_room(home, turn.service_class):
+                return home  # pinned, or idle and its prefix may still be cached there
+            if run.pinned:
+                return None
+    if not state.room.get(("s" if turn.single_pass else "m", turn.model, turn.service_class)):
+        return None  # no healthy replica of the model has room for the class
     best: Replica | None = None
     for rid in ids:
         replica = state.replicas[rid]
         if not replica.healthy or not has_room(replica, turn.service_class):
             continue
-        if run is not None and rid == run.replica:
-            return replica
         if best is None or _load_key(replica) < _load_key(best):
             best = replica
     return best

@@ -1,0 +1,214 @@
+"""Decision-core throughput and how it grows with live runs; Resync of a large dataplane.
+
+Run: `.venv/bin/python -m bench.scheduler_core [--runs 1000 10000 100000] [--events 100000]`.
+One process, one core, no I/O: `decide()` alone. 32 replicas, each capped (its engine reports a
+queue) so that, with more runs than slots, turns are held and drained as slots free: the
+saturated case, where a scheduler earns its keep. The event mix is closed-loop agent traffic:
+a turn ends (half of them in tool calls), its run's next turn is admitted; every 1,000 events
+each replica is probed and the clock ticks. Writes bench/results/scheduler_core.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+from bench.common import write_result
+from luftpause.common.config import Endpoint
+from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.events import (
+    Admit,
+    Event,
+    Place,
+    ProbeResult,
+    Resync,
+    RunSnapshot,
+    Tick,
+    TurnFinished,
+    TurnSnapshot,
+)
+from luftpause.scheduler.core.model import Phase, ServiceClass, State
+
+REPLICAS = 32
+SLOTS_PER_REPLICA = 48
+CALLERS = 16
+
+
+def pool() -> State:
+    endpoints = [
+        Endpoint(id=f"r{i}", url=f"http://r{i}:1", models=frozenset({"m"})) for i in range(REPLICAS)
+    ]
+    state = initial_state(endpoints)
+    for i in range(REPLICAS):
+        state, _ = decide(state, _probe(i, 0.0))
+    return state
+
+
+def _probe(i: int, at: float) -> ProbeResult:
+    return ProbeResult(
+        at=at,
+        replica_id=f"r{i}",
+        healthy=True,
+        running=SLOTS_PER_REPLICA,
+        waiting=1 + (int(at) % 3),
+    )
+
+
+class Workload:
+    """Closed-loop agents: every run always has exactly one turn admitted (placed or held)."""
+
+    def __init__(self, runs: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.runs = runs
+        self.turn_no = 0
+        self.at = 1.0
+        self.in_flight: deque[str] = deque()
+        self.run_of: dict[str, str] = {}
+
+    def admit(self, run: str) -> Admit:
+        self.turn_no += 1
+        tid = f"t{self.turn_no}"
+        self.run_of[tid] = run
+        cls = ServiceClass.BATCH if hash(run) % 4 else ServiceClass.INTERACTIVE
+        return Admit(
+            at=self.at,
+            turn_id=tid,
+            run_id=run,
+            model="m",
+            service_class=cls,
+            caller=f"c{int(run[3:]) % CALLERS}",
+        )
+
+    def placed(self, actions: tuple[Any, ...]) -> None:
+        self.in_flight.extend(a.turn_id for a in actions if isinstance(a, Place))
+
+    def next_events(self, n: int) -> list[Event]:
+        """Finish the oldest turn in flight and admit that run's next one."""
+        tid = self.in_flight.popleft()
+        self.at += 0.001
+        events: list[Event] = [
+            TurnFinished(at=self.at, turn_id=tid, tool_calls=self.rng.random() < 0.5),
+            self.admit(self.run_of.pop(tid)),
+        ]
+        if n % 1000 == 0:
+            events += [_probe(i, self.at) for i in range(REPLICAS)]
+            events.append(Tick(at=self.at))
+        return events
+
+
+def measure(runs: int, events: int, seed: int) -> dict[str, Any]:
+    state = pool()
+    work = Workload(runs, seed)
+    for r in range(runs):  # fill: every run has a turn admitted
+        state, actions = decide(state, work.admit(f"run{r}"))
+        work.placed(actions)
+    done = 0
+    t0 = time.process_time()
+    n = 0
+    while done < events:
+        n += 1
+        for ev in work.next_events(n):
+            state, actions = decide(state, ev)
+            work.placed(actions)
+            done += 1
+    elapsed = time.process_time() - t0
+    return {
+        "runs": runs,
+        "events": done,
+        "cpu_s": round(elapsed, 3),
+        "events_per_s": round(done / elapsed),
+        "us_per_event": round(1e6 * elapsed / done, 2),
+        "held_at_end": len(state.held),
+        "in_flight_at_end": len(state.turns),
+    }
+
+
+def resync_cost(runs: int) -> dict[str, Any]:
+    """One dataplane reporting `runs` runs (a fifth of them with a turn in flight)."""
+    state = pool()
+    snaps = tuple(
+        RunSnapshot(
+            run_id=f"run{i}",
+            replica=f"r{i % REPLICAS}",
+            phase=Phase.TOOL_PAUSED if i % 2 else Phase.IDLE,
+            service_class=ServiceClass.INTERACTIVE,
+            caller=f"c{i % CALLERS}",
+            idle_seconds=1.0,
+        )
+        for i in range(runs)
+    )
+    turns = tuple(
+        TurnSnapshot(
+            turn_id=f"t{i}",
+            run_id=f"run{i}",
+            replica=f"r{i % REPLICAS}",
+            model="m",
+            service_class=ServiceClass.BATCH,
+            caller=f"c{i % CALLERS}",
+        )
+        for i in range(0, runs, 5)
+    )
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        decide(state, Resync(at=10.0, dataplane="dp", runs=snaps, turns=turns))
+        samples.append(time.perf_counter() - t0)
+    return {
+        "runs": runs,
+        "turns": len(turns),
+        "decide_ms_median": round(1000 * statistics.median(samples), 1),
+        "decide_ms_max": round(1000 * max(samples), 1),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--runs", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--events", type=int, default=100000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    rows = []
+    for runs in args.runs:
+        trials = [measure(runs, args.events, args.seed + k) for k in range(args.repeats)]
+        rates = [t["events_per_s"] for t in trials]
+        row = {
+            **trials[0],
+            "events_per_s": round(statistics.median(rates)),
+            "events_per_s_min": min(rates),
+            "events_per_s_max": max(rates),
+            "us_per_event": round(1e6 / statistics.median(rates), 2),
+        }
+        rows.append(row)
+        print(
+            f"{runs:>7} runs: {row['events_per_s']:>7} events/s "
+            f"({row['events_per_s_min']}..{row['events_per_s_max']}), "
+            f"{row['held_at_end']} held, {row['in_flight_at_end']} in flight",
+            flush=True,
+        )
+    resync = resync_cost(10000)
+    print(
+        f"resync of {resync['runs']} runs + {resync['turns']} turns in decide(): "
+        f"{resync['decide_ms_median']} ms",
+        flush=True,
+    )
+    path = write_result(
+        "scheduler_core",
+        {
+            "benchmark": "scheduler_core",
+            "replicas": REPLICAS,
+            "slots_per_replica": SLOTS_PER_REPLICA,
+            "callers": CALLERS,
+            "throughput": rows,
+            "resync": resync,
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Events into the decision core and the actions it returns.
+
+Pure module: frozen values only. Time arrives as the `at` field of every event (seconds on the
+shell's monotonic clock); the core never reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from luftpause.scheduler.core.model import Phase, ServiceClass, _check_id
+
+# --- events --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Admit:
+    """A dataplane asks where a turn goes. `single_pass` turns never touch run state."""
+
+    at: float
+    turn_id: str
+    run_id: str
+    model: str
+    service_class: ServiceClass = ServiceClass.INTERACTIVE
+    caller: str = ""
+    dataplane: str = ""
+    single_pass: bool = False
+
+    def __post_init__(self) -> None:
+        _check_id("turn id", self.turn_id)
+        if not self.single_pass:
+            _check_id("run id", self.run_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnStarted:
+    at: float
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FirstToken:
+    at: float
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFinished:
+    at: float
+    turn_id: str
+    tool_calls: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFailed:
+    at: float
+    turn_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnAbandoned:
+    """The client left: a held turn leaves the queue; a placed one counts as failed."""
+
+    at: float
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEnded:
+    at: float
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult:
+    at: float
+    replica_id: str
+    healthy: bool
+    running: int | None = None
+    waiting: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tick:
+    at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSnapshot:
+    run_id: str
+    replica: str
+    phase: Phase
+    service_class: ServiceClass
+    caller: str
+    idle_seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnSnapshot:
+    turn_id: str
+    run_id: str
+    replica: str
+    model: str
+    service_class: ServiceClass
+    caller: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resync:
+    """A dataplane's whole truth: its runs and its turns in flight replace what we had."""
+
+    at: float
+    dataplane: str
+    runs: tuple[RunSnapshot, ...] = ()
+    turns: tuple[TurnSnapshot, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataplaneConnected:
+    """A dataplane opened an event stream (or resynced)."""
+
+    at: float
+    dataplane: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataplaneDisconnected:
+    """One of a dataplane's event streams ended."""
+
+    at: float
+    dataplane: str
+
+
+Event = (
+    Admit
+    | TurnStarted
+    | FirstToken
+    | TurnFinished
+    | TurnFailed
+    | TurnAbandoned
+    | RunEnded
+    | ProbeResult
+    | Tick
+    | Resync
+    | DataplaneConnected
+    | DataplaneDisconnected
+)
+
+
+# --- actions -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Place:
+    """Send turn `turn_id` to replica `replica_id`."""
+
+    turn_id: str
+    replica_id: str
+    replica_url: str
+    held_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reject:
+    """Refuse the turn at once (no replica serves its model)."""
+
+    turn_id: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnExpired:
+    turn_id: str
+    replica_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunExpired:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataplaneReleased:
+    """A dataplane stayed away past the grace period: its turns in flight were freed."""
+
+    dataplane: str
+    turns: int
+
+
+Action = Place | Reject | TurnExpired | RunExpired | DataplaneReleased

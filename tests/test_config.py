@@ -1,0 +1,114 @@
+"""The endpoint file: `load_from` entries, hosted endpoints' keys and paths (pure, no files)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from luftpause.common.config import Config, ConfigError, load_config, parse_config
+
+
+def engine(eid: str, **extra: Any) -> dict[str, Any]:
+    return {"id": eid, "url": f"http://{eid}:8000", "models": ["m"], **extra}
+
+
+def config(*endpoints: dict[str, Any]) -> Config:
+    return parse_config({"endpoints": list(endpoints)})
+
+
+def test_load_from_accepts_ids_of_other_endpoints_in_the_file() -> None:
+    cfg = config(engine("gpu-0"), engine("gpu-1"), engine("router", load_from=["gpu-0", "gpu-1"]))
+    router = cfg.endpoint("router")
+    assert router is not None and router.load_from == ("gpu-0", "gpu-1")
+
+
+def test_load_from_accepts_base_urls_of_engines_that_are_not_replicas() -> None:
+    urls = ["http://10.0.0.5:30001", "https://gpu-1.internal:30001/", "http://[::1]:9000/prefix"]
+    cfg = config(engine("router", load_from=urls))
+    router = cfg.endpoint("router")
+    assert router is not None and router.load_from == tuple(urls)
+
+
+def test_load_from_mixes_ids_and_urls() -> None:
+    cfg = config(engine("gpu-0"), engine("router", load_from=["gpu-0", "http://gpu-9:30001"]))
+    router = cfg.endpoint("router")
+    assert router is not None and router.load_from == ("gpu-0", "http://gpu-9:30001")
+
+
+def test_load_from_as_a_single_string_is_one_entry() -> None:
+    router = config(engine("router", load_from="http://gpu-0:1")).endpoint("router")
+    assert router is not None and router.load_from == ("http://gpu-0:1",)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["gpu-7", "gpu-0:30001", "ftp://gpu-0:21", "http://", "http://gpu-0:notaport", "/metrics"],
+)
+def test_load_from_entry_that_is_neither_a_known_id_nor_a_url_is_rejected(entry: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config(engine("gpu-0"), engine("router", load_from=[entry]))
+    message = str(err.value)
+    assert "endpoint router: load_from" in message and repr(entry) in message
+    assert "neither an endpoint id in this file nor an http(s)://host[:port] URL" in message
+
+
+def test_load_from_url_with_a_query_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="neither an endpoint id"):
+        config(engine("router", load_from=["http://gpu-0:1/?x=1"]))
+
+
+def test_load_from_naming_the_router_itself_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="endpoint router: load_from names the endpoint itself"):
+        config(engine("router", load_from=["router"]))
+
+
+def test_load_from_listing_an_entry_twice_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="lists 'gpu-0' twice"):
+        config(engine("gpu-0"), engine("router", load_from=["gpu-0", "gpu-0"]))
+
+
+def test_load_from_naming_an_endpoint_without_a_metrics_path_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="names endpoint 'hosted', which has no metrics path"):
+        config(engine("hosted", metrics=""), engine("router", load_from=["hosted"]))
+
+
+def test_load_from_that_is_not_a_list_of_strings_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"endpoints\[0\].load_from must be a list of strings"):
+        config(engine("router", load_from=[1, 2]))
+
+
+def test_hosted_endpoint_has_https_url_key_variable_and_its_own_health_path() -> None:
+    cfg = config(
+        {
+            "id": "hosted",
+            "url": "https://api.example.com",
+            "models": ["gpt"],
+            "health": "/v1/models",
+            "metrics": "",
+            "api_key_env": "HOSTED_KEY",
+        }
+    )
+    hosted = cfg.endpoint("hosted")
+    assert hosted is not None
+    assert (hosted.base_url, hosted.health, hosted.metrics) == (
+        "https://api.example.com",
+        "/v1/models",
+        "",
+    )
+    assert hosted.api_key({"HOSTED_KEY": "sk-1"}) == "sk-1"
+    assert hosted.api_key({}) == ""
+
+
+def test_router_file_in_toml_loads_the_same_as_yaml(tmp_path: Any) -> None:
+    toml = tmp_path / "endpoints.toml"
+    toml.write_text(
+        '[[endpoints]]\nid = "router"\nurl = "http://r:1"\nmodels = ["m"]\n'
+        'load_from = ["http://gpu-0:2", "http://gpu-1:2"]\n'
+    )
+    yaml = tmp_path / "endpoints.yaml"
+    yaml.write_text(
+        "endpoints:\n  - id: router\n    url: http://r:1\n    models: [m]\n"
+        "    load_from: [http://gpu-0:2, http://gpu-1:2]\n"
+    )
+    assert load_config(toml) == load_config(yaml)
