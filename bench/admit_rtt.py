@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import grpc
+import uvloop
 
 from bench.common import percentiles, write_result
 from luftpause.rpc import scheduler_pb2 as pb
@@ -77,6 +78,42 @@ async def paced(adm: Admitter, rate: float, seconds: float) -> tuple[list[float]
     return list(rtts), total / (loop.time() - start)
 
 
+def resync_request(runs: int) -> pb.ResyncRequest:
+    """A dataplane with `runs` runs, a fifth of them with a turn in flight."""
+    req = pb.ResyncRequest(dataplane_id="bench-resync")
+    for i in range(runs):
+        req.runs.add(
+            run_id=f"rs{i}",
+            replica_id=f"engine-{i % 2}",
+            phase=pb.RUN_PHASE_TOOL_PAUSED if i % 2 else pb.RUN_PHASE_IDLE,
+            service_class=pb.SERVICE_CLASS_BATCH,
+            caller=f"c{i % 16}",
+            idle_seconds=1,
+        )
+        if i % 5 == 0:
+            req.turns.add(
+                turn_id=f"rt{i}",
+                run_id=f"rs{i}",
+                replica_id=f"engine-{i % 2}",
+                model="luftpause-sim",
+                service_class=pb.SERVICE_CLASS_BATCH,
+                caller=f"c{i % 16}",
+            )
+    return req
+
+
+async def resync(stub: pb_grpc.SchedulerStub, runs: int, repeats: int) -> dict[str, float]:
+    req = resync_request(runs)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        await stub.Resync(req)
+        samples.append(time.perf_counter() - t0)
+    empty = pb.ResyncRequest(dataplane_id="bench-resync")
+    await stub.Resync(empty)  # leave nothing behind for the admit runs
+    return {"runs": runs, "turns": len(req.turns), "bytes": req.ByteSize(), **percentiles(samples)}
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
     async with AsyncExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="bench-admit-"))
@@ -90,10 +127,12 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         await sequential(adm, 200)  # warm-up
         seq = await sequential(adm, args.sequential)
         rtts, achieved = await paced(adm, args.rate, args.seconds)
+        resync_ms = await resync(stub, args.resync_runs, 5)
         adm.events.put_nowait(None)
         await adm.writer
         return {
             "sequential_ms": percentiles(seq),
+            "resync_ms": resync_ms,
             "paced": {
                 "target_rate": args.rate,
                 "achieved_rate": round(achieved, 1),
@@ -107,8 +146,9 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=1000.0)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--sequential", type=int, default=2000)
+    p.add_argument("--resync-runs", type=int, default=10000)
     args = p.parse_args()
-    result = asyncio.run(run(args))
+    result = uvloop.run(run(args))
     path = write_result("admit_rtt", {"benchmark": "admit_rtt", **result})
     print(path.read_text())
 

@@ -28,20 +28,22 @@ RUN_PHASE_GENERATING: RunPhase
 RUN_PHASE_TOOL_PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     SERVICE_CLASS_FIELD_NUMBER: _ClassVar[int]
     CALLER_FIELD_NUMBER: _ClassVar[int]
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
+    SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
     service_class: ServiceClass
     caller: str
     dataplane_id: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ...) -> None: ...
+    single_pass: bool
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms")

@@ -72,7 +72,9 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Report(self, request_iterator, context):
-        """Turn events from one dataplane, in order.
+        """Turn events from one dataplane, in order. The dataplane names itself in the
+        `x-luftpause-dataplane` metadata; once all its streams have been closed for the grace
+        period (30 s by default), its turns in flight are released.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -41,6 +41,8 @@ from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
 
 RECONNECT_SECONDS = 1.0
+# The scheduler releases a dataplane's turns once all its Report streams are gone a while.
+DATAPLANE_METADATA = "x-luftpause-dataplane"
 RPC_TIMEOUT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 2.0
 
@@ -180,7 +182,7 @@ class SchedulerLink:
         reply = await stub.Resync(
             wire.resync_request(snapshot, self.dataplane_id), timeout=RPC_TIMEOUT_SECONDS
         )
-        call = stub.Report()
+        call = stub.Report(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
         try:
             await call.wait_for_connection()
             self._ready.set()

@@ -18,6 +18,7 @@ from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
     Action,
+    DataplaneReleased,
     Event,
     Place,
     Reject,
@@ -25,7 +26,7 @@ from luftpause.scheduler.core.events import (
     TurnAbandoned,
     TurnExpired,
 )
-from luftpause.scheduler.core.model import State
+from luftpause.scheduler.core.model import DATAPLANE_GRACE_S, State
 from luftpause.scheduler.metrics import SchedulerMetrics
 
 log = structlog.get_logger(__name__)
@@ -58,10 +59,11 @@ class SchedulerHost:
         self,
         endpoints: Iterable[Endpoint],
         *,
+        dataplane_grace_s: float = DATAPLANE_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
         metrics: SchedulerMetrics | None = None,
     ) -> None:
-        self.state: State = initial_state(endpoints)
+        self.state: State = initial_state(endpoints, dataplane_grace_s=dataplane_grace_s)
         self.clock = clock
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind(self)
@@ -93,6 +95,12 @@ class SchedulerHost:
                 self.metrics.turn_expired()
             case RunExpired():
                 log.info("run expired", run_id=action.run_id)
+            case DataplaneReleased():
+                log.warning(
+                    "dataplane gone past its grace period: its turns were released",
+                    dataplane=action.dataplane,
+                    turns=action.turns,
+                )
 
     def wait_for(self, turn_id: str) -> asyncio.Future[Place]:
         """A future resolved when `turn_id` is placed (register before applying Admit)."""

@@ -21,6 +21,7 @@ from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.rpc import scheduler_pb2, scheduler_pb2_grpc
 from luftpause.scheduler.core.events import Tick
+from luftpause.scheduler.core.model import DATAPLANE_GRACE_S
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.http import build_app
 from luftpause.scheduler.prober import PROBE_PERIOD_S, Prober
@@ -49,6 +50,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=int(os.environ.get("LUFTPAUSE_SCHEDULER_HTTP_PORT", "5001")),
     )
     p.add_argument(
+        "--dataplane-grace",
+        type=float,
+        default=DATAPLANE_GRACE_S,
+        help="seconds a dataplane's event streams may be gone before its turns are released",
+    )
+    p.add_argument(
         "--probe-period",
         type=float,
         default=PROBE_PERIOD_S,
@@ -66,7 +73,7 @@ async def _ticker(host: SchedulerHost) -> None:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     log = setup_logging("scheduler")
     config = load_config(args.config)
-    host = SchedulerHost(config.endpoints)
+    host = SchedulerHost(config.endpoints, dataplane_grace_s=args.dataplane_grace)
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(host), server)

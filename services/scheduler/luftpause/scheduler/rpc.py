@@ -38,6 +38,17 @@ _PHASE_OUT = {
 }
 
 
+DATAPLANE_METADATA = "x-luftpause-dataplane"
+
+
+def dataplane_of(context: grpc.aio.ServicerContext) -> str:
+    """The dataplane id a Report stream names in its metadata (else its peer address)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == DATAPLANE_METADATA and isinstance(value, str) and value:
+            return value
+    return str(context.peer())
+
+
 def service_class(value: int) -> m.ServiceClass:
     return _CLASS_IN.get(value, m.ServiceClass.INTERACTIVE)
 
@@ -139,7 +150,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.AdmitReply:
         started = time.perf_counter()
-        if not request.turn_id or not request.run_id or not request.model:
+        if not request.turn_id or not request.model or not (request.run_id or request.single_pass):
             await context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "turn_id, run_id and model are required"
             )
@@ -154,6 +165,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 service_class=service_class(request.service_class),
                 caller=request.caller,
                 dataplane=request.dataplane_id,
+                single_pass=request.single_pass,
             )
         )
         try:
@@ -174,15 +186,21 @@ class SchedulerService(pb_grpc.SchedulerServicer):
     async def Report(
         self, request_iterator: AsyncIterator[pb.TurnEvent], context: grpc.aio.ServicerContext
     ) -> pb.ReportSummary:
+        host = self.host
+        dataplane = dataplane_of(context)
+        host.apply(e.DataplaneConnected(at=host.now(), dataplane=dataplane))
         count = 0
-        async for ev in request_iterator:
-            count += 1
-            event = turn_event(ev, self.host.now())
-            if event is None:
-                continue
-            if isinstance(event, e.TurnFailed):
-                self.host.metrics.failed_turn(self.host.state, event.turn_id)
-            self.host.apply(event)
+        try:
+            async for ev in request_iterator:
+                count += 1
+                event = turn_event(ev, host.now())
+                if event is None:
+                    continue
+                if isinstance(event, e.TurnFailed):
+                    host.metrics.failed_turn(host.state, event.turn_id)
+                host.apply(event)
+        finally:
+            host.apply(e.DataplaneDisconnected(at=host.now(), dataplane=dataplane))
         return pb.ReportSummary(events=count)
 
     async def Resync(

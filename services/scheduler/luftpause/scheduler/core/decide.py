@@ -73,7 +73,9 @@ Decision = tuple[State, tuple[Action, ...]]
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 
-def initial_state(endpoints: Iterable[Endpoint]) -> State:
+def initial_state(
+    endpoints: Iterable[Endpoint], *, dataplane_grace_s: float = DATAPLANE_GRACE_S
+) -> State:
     """The state before any event: the configured replicas, none yet known healthy."""
     replicas: dict[str, Replica] = {}
     generative: dict[str, list[str]] = {}
@@ -88,6 +90,7 @@ def initial_state(endpoints: Iterable[Endpoint]) -> State:
             replicas=immutables.Map(replicas),
             generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
             single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
+            dataplane_grace_s=dataplane_grace_s,
         )
     )
 
@@ -401,7 +404,7 @@ def _tick(state: State, at: float) -> Decision:
             since = run.last_active if run.turns_in_flight == 0 else at
             state = expiry.schedule_run_check(state, run, since + RUN_IDLE_EXPIRY_S)
     for dataplane, link in list(state.dataplanes.items()):
-        if link.gone_since is not None and at - link.gone_since >= DATAPLANE_GRACE_S:
+        if link.gone_since is not None and at - link.gone_since >= state.dataplane_grace_s:
             state, released, moved = _release_dataplane(state, dataplane, at)
             dirty += moved
             actions.append(DataplaneReleased(dataplane=dataplane, turns=released))

@@ -32,7 +32,7 @@ RUN_IDLE_EXPIRY_S = 1800.0
 """A run with no turn for this long is forgotten; its next turn starts without affinity."""
 
 DATAPLANE_GRACE_S = 30.0
-"""A dataplane whose event stream is gone this long has its turns in flight released."""
+"""Default time a dataplane's event streams may be gone before its turns in flight are freed."""
 
 Bucket = tuple[str, str, str]
 """Where a held turn may go: ("r", replica, model) when pinned, else ("m", "", model)."""
@@ -245,3 +245,4 @@ class State:
     dataplanes: immutables.Map[str, DataplaneLink] = _EMPTY
     # (kind prefix "m"/"s", model, class) -> healthy replicas serving it with room for the class.
     room: immutables.Map[tuple[str, str, ServiceClass], int] = _EMPTY
+    dataplane_grace_s: float = DATAPLANE_GRACE_S

@@ -1,0 +1,217 @@
+"""Several dataplanes on one scheduler; one of them dies; runs end by DELETE.
+
+Real processes on loopback: two simulated engines, one scheduler, two dataplanes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import SIM_MODEL
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+GRACE_S = 2.0
+
+
+@dataclass
+class Pool:
+    dataplanes: dict[str, Proc]
+    ports: dict[str, int]
+    status_url: str
+
+    def client(self, dp: str, **headers: str) -> AsyncOpenAI:
+        return AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{self.ports[dp]}/v1",
+            api_key="x",
+            max_retries=0,
+            timeout=60,
+            default_headers=headers,
+        )
+
+    async def status(self) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as s, s.get(self.status_url) as resp:
+            result: dict[str, Any] = await resp.json()
+            return result
+
+    async def until(
+        self, check: Callable[[dict[str, Any]], bool], timeout: float = 20.0
+    ) -> dict[str, Any]:
+        async with asyncio.timeout(timeout):
+            while not check(st := await self.status()):
+                await asyncio.sleep(0.05)
+            return st
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pool]:
+    work: Path = tmp_path_factory.mktemp("dataplanes")
+    async with AsyncExitStack() as exits:
+
+        async def spawn(name: str, args: list[str], ready: str) -> Proc:
+            proc = await Proc(args, name=name, log_path=work / f"{name}.log").start()
+            exits.push_async_callback(proc.stop)
+            await proc.wait_http(ready)
+            return proc
+
+        lines = ["endpoints:"]
+        for eid in ("e0", "e1"):
+            port = free_port()
+            lines += [
+                f"  - id: {eid}",
+                f"    url: http://127.0.0.1:{port}",
+                f"    models: [{SIM_MODEL}]",
+            ]
+            await spawn(
+                eid,
+                [
+                    "fake-engine",
+                    "--port",
+                    str(port),
+                    "--id",
+                    eid,
+                    "--model",
+                    SIM_MODEL,
+                    "--tool-rounds",
+                    "2",
+                    "--time-scale",
+                    "5",
+                ],
+                f"http://127.0.0.1:{port}/health",
+            )
+        (work / "endpoints.yaml").write_text("\n".join(lines) + "\n")
+        grpc_port, http_port = free_port(), free_port()
+        await spawn(
+            "scheduler",
+            [
+                "scheduler",
+                "--config",
+                str(work / "endpoints.yaml"),
+                "--grpc-port",
+                str(grpc_port),
+                "--http-port",
+                str(http_port),
+                "--dataplane-grace",
+                str(GRACE_S),
+            ],
+            f"http://127.0.0.1:{http_port}/health",
+        )
+        ports = {"dp-a": free_port(), "dp-b": free_port()}
+        procs = {
+            dp: await spawn(
+                dp,
+                [
+                    "dataplane",
+                    "--port",
+                    str(port),
+                    "--id",
+                    dp,
+                    "--scheduler",
+                    f"127.0.0.1:{grpc_port}",
+                ],
+                f"http://127.0.0.1:{port}/health",
+            )
+            for dp, port in ports.items()
+        }
+        p = Pool(procs, ports, f"http://127.0.0.1:{http_port}/status")
+        await p.until(
+            lambda s: (
+                all(r["healthy"] for r in s["replicas"])
+                and {d["id"] for d in s["dataplanes"] if d["streams"]} == set(ports)
+            )
+        )
+        yield p
+
+
+async def _agent(c: AsyncOpenAI, task: str) -> set[str]:
+    messages: list[Any] = [{"role": "user", "content": task}]
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"q": {"type": "string"}},
+                    "required": ["q"],
+                },
+            },
+        }
+    ]
+    seen = set()
+    for _ in range(5):
+        reply = await c.chat.completions.create(
+            model=SIM_MODEL, messages=messages, tools=tools, max_tokens=16
+        )
+        seen.add(reply.system_fingerprint or "")
+        msg = reply.choices[0].message
+        if not msg.tool_calls:
+            return seen
+        messages.append(msg.model_dump(exclude_none=True))
+        messages += [
+            {"role": "tool", "tool_call_id": call.id, "content": "ok"} for call in msg.tool_calls
+        ]
+    raise AssertionError("no final answer")
+
+
+async def test_two_dataplanes_serve_runs_side_by_side(pool: Pool) -> None:
+    async def one(i: int) -> set[str]:
+        dp = "dp-a" if i % 2 else "dp-b"
+        async with pool.client(dp, **{"x-luftpause-run-id": f"side-{i}"}) as c:
+            return await _agent(c, f"task {i}")
+
+    async with asyncio.timeout(60):
+        seen = await asyncio.gather(*(one(i) for i in range(12)))
+    assert all(len(s) == 1 for s in seen)  # every run kept its replica
+    st = await pool.until(lambda s: s["turns_in_flight"] == 0)
+    assert st["held_total"] == 0
+
+
+async def test_deleted_run_is_forgotten_by_the_scheduler(pool: Pool) -> None:
+    async with asyncio.timeout(30), pool.client("dp-a", **{"x-luftpause-run-id": "gone"}) as c:
+        await c.chat.completions.create(
+            model=SIM_MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
+        before = (await pool.status())["runs_total"]
+        async with (
+            aiohttp.ClientSession() as s,
+            s.delete(f"http://127.0.0.1:{pool.ports['dp-a']}/v1/runs/gone") as resp,
+        ):
+            assert resp.status == 200
+    await pool.until(lambda s: s["runs_total"] == before - 1)
+
+
+async def test_turns_of_a_dataplane_that_died_are_released_after_the_grace_period(
+    pool: Pool,
+) -> None:
+    async with pool.client("dp-b") as c, asyncio.timeout(30):
+        stream = await c.chat.completions.create(
+            model=SIM_MODEL,
+            stream=True,
+            max_tokens=2000,
+            messages=[{"role": "user", "content": "a long answer please"}],
+        )
+        async for _ in stream:
+            break  # the turn is being generated through dp-b
+        await pool.until(lambda s: s["turns_in_flight"] == 1)
+        await pool.dataplanes["dp-b"].kill()
+        gone = await pool.until(
+            lambda s: any(d["id"] == "dp-b" and d["gone_s"] is not None for d in s["dataplanes"])
+        )
+        assert gone["turns_in_flight"] == 1  # held for the grace period, not dropped at once
+        await pool.until(lambda s: s["turns_in_flight"] == 0, timeout=GRACE_S + 10)
+    async with asyncio.timeout(30), pool.client("dp-a") as a:
+        reply = await a.chat.completions.create(
+            model=SIM_MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert reply.choices[0].message.content is not None
