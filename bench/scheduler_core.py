@@ -1,9 +1,10 @@
 """Decision-core throughput and how it grows with live runs; Resync of a large dataplane.
 
 Run: `.venv/bin/python -m bench.scheduler_core [--runs 1000 10000 100000] [--events 100000]`.
-One process, one core, no I/O: `decide()` alone. 32 replicas, each capped (its engine reports a
-queue) so that, with more runs than slots, turns are held and drained as slots free: the
-saturated case, where a scheduler earns its keep. The event mix is closed-loop agent traffic:
+One process, one core, no I/O: `decide()` alone, 32 replicas, 16 callers. Two pools: engines
+with room (no queue reported, so uncapped), and saturated engines, each capped at 48 turns (its
+engine reports a queue), so that with more runs than slots turns are held and drained as slots
+free, which is where a scheduler earns its keep. The event mix is closed-loop agent traffic:
 a turn ends (half of them in tool calls), its run's next turn is admitted; every 1,000 events
 each replica is probed and the clock ticks. Writes bench/results/scheduler_core.json.
 """
@@ -38,30 +39,29 @@ SLOTS_PER_REPLICA = 48
 CALLERS = 16
 
 
-def pool() -> State:
+def pool(saturated: bool = True) -> State:
     endpoints = [
         Endpoint(id=f"r{i}", url=f"http://r{i}:1", models=frozenset({"m"})) for i in range(REPLICAS)
     ]
     state = initial_state(endpoints)
     for i in range(REPLICAS):
-        state, _ = decide(state, _probe(i, 0.0))
+        state, _ = decide(state, _probe(i, 0.0, saturated))
     return state
 
 
-def _probe(i: int, at: float) -> ProbeResult:
+def _probe(i: int, at: float, saturated: bool) -> ProbeResult:
+    """A queueing engine (capped at what it runs) when saturated, else one with room."""
+    waiting = 1 + (int(at) % 3) if saturated else 0
     return ProbeResult(
-        at=at,
-        replica_id=f"r{i}",
-        healthy=True,
-        running=SLOTS_PER_REPLICA,
-        waiting=1 + (int(at) % 3),
+        at=at, replica_id=f"r{i}", healthy=True, running=SLOTS_PER_REPLICA, waiting=waiting
     )
 
 
 class Workload:
     """Closed-loop agents: every run always has exactly one turn admitted (placed or held)."""
 
-    def __init__(self, runs: int, seed: int) -> None:
+    def __init__(self, runs: int, seed: int, saturated: bool) -> None:
+        self.saturated = saturated
         self.rng = random.Random(seed)
         self.runs = runs
         self.turn_no = 0
@@ -95,14 +95,14 @@ class Workload:
             self.admit(self.run_of.pop(tid)),
         ]
         if n % 1000 == 0:
-            events += [_probe(i, self.at) for i in range(REPLICAS)]
+            events += [_probe(i, self.at, self.saturated) for i in range(REPLICAS)]
             events.append(Tick(at=self.at))
         return events
 
 
-def measure(runs: int, events: int, seed: int) -> dict[str, Any]:
-    state = pool()
-    work = Workload(runs, seed)
+def measure(runs: int, events: int, seed: int, saturated: bool = True) -> dict[str, Any]:
+    state = pool(saturated)
+    work = Workload(runs, seed, saturated)
     for r in range(runs):  # fill: every run has a turn admitted
         state, actions = decide(state, work.admit(f"run{r}"))
         work.placed(actions)
@@ -118,6 +118,7 @@ def measure(runs: int, events: int, seed: int) -> dict[str, Any]:
     elapsed = time.process_time() - t0
     return {
         "runs": runs,
+        "saturated": saturated,
         "events": done,
         "cpu_s": round(elapsed, 3),
         "events_per_s": round(done / elapsed),
@@ -173,23 +174,27 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
     rows = []
-    for runs in args.runs:
-        trials = [measure(runs, args.events, args.seed + k) for k in range(args.repeats)]
-        rates = [t["events_per_s"] for t in trials]
-        row = {
-            **trials[0],
-            "events_per_s": round(statistics.median(rates)),
-            "events_per_s_min": min(rates),
-            "events_per_s_max": max(rates),
-            "us_per_event": round(1e6 / statistics.median(rates), 2),
-        }
-        rows.append(row)
-        print(
-            f"{runs:>7} runs: {row['events_per_s']:>7} events/s "
-            f"({row['events_per_s_min']}..{row['events_per_s_max']}), "
-            f"{row['held_at_end']} held, {row['in_flight_at_end']} in flight",
-            flush=True,
-        )
+    for saturated in (False, True):
+        for runs in args.runs:
+            trials = [
+                measure(runs, args.events, args.seed + k, saturated) for k in range(args.repeats)
+            ]
+            rates = [t["events_per_s"] for t in trials]
+            row = {
+                **trials[0],
+                "events_per_s": round(statistics.median(rates)),
+                "events_per_s_min": min(rates),
+                "events_per_s_max": max(rates),
+                "us_per_event": round(1e6 / statistics.median(rates), 2),
+            }
+            rows.append(row)
+            print(
+                f"{'saturated' if saturated else 'room':>9} {runs:>7} runs: "
+                f"{row['events_per_s']:>7} events/s "
+                f"({row['events_per_s_min']}..{row['events_per_s_max']}), "
+                f"{row['held_at_end']} held, {row['in_flight_at_end']} in flight",
+                flush=True,
+            )
     resync = resync_cost(10000)
     print(
         f"resync of {resync['runs']} runs + {resync['turns']} turns in decide(): "
