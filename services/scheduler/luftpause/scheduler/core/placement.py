@@ -81,12 +81,6 @@ def bucket_fits(state: State, bucket: Bucket, cls: ServiceClass) -> bool:
     return state.room.get((kind, model, cls), 0) > 0
 
 
-def _load_key(replica: Replica) -> tuple[float, int, str]:
-    cap = replica.cap
-    ratio = replica.in_flight / cap if cap else 0.0
-    return (ratio, replica.in_flight, replica.id)
-
-
 def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
     """The replica `turn` goes to now, or None if it must keep waiting."""
     by_model = state.single_pass_by_model if turn.single_pass else state.generative_by_model
@@ -102,12 +96,17 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
     if not state.room.get(("s" if turn.single_pass else "m", turn.model, turn.service_class)):
         return None  # no healthy replica of the model has room for the class
     best: Replica | None = None
+    best_key = (0.0, 0, "")
+    replicas = state.replicas
+    cls = turn.service_class
     for rid in ids:
-        replica = state.replicas[rid]
-        if not replica.healthy or not has_room(replica, turn.service_class):
+        replica = replicas[rid]
+        if not replica.healthy or not has_room(replica, cls):
             continue
-        if best is None or _load_key(replica) < _load_key(best):
-            best = replica
+        cap = replica.cap
+        key = (replica.in_flight / cap if cap else 0.0, replica.in_flight, rid)
+        if best is None or key < best_key:
+            best, best_key = replica, key
     return best
 
 

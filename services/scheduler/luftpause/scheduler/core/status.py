@@ -53,8 +53,11 @@ def status_view(state: State, now: float) -> dict[str, Any]:
         "runs_total": len(state.runs),
         "turns_in_flight": len(state.turns),
         "dataplanes": [
-            {"id": dp, "streams": link.streams,
-             "gone_s": None if link.gone_since is None else round(now - link.gone_since, 3)}
+            {
+                "id": dp,
+                "streams": link.streams,
+                "gone_s": None if link.gone_since is None else round(now - link.gone_since, 3),
+            }
             for dp, link in sorted(state.dataplanes.items())
         ],
     }
