@@ -2,7 +2,8 @@
 
 Pure module: no I/O, no clock reads, no awaits. Every record is frozen and checks its input
 when built; `evolve` makes a changed copy without re-running those checks (the core only
-evolves records it built itself, and the property tests check the derived counters).
+evolves records it built itself, and the property tests check the derived counters). Unlike
+events and actions, state records have no `slots`: see `evolve`.
 
 State is a handful of persistent maps (`immutables.Map`, a HAMT): an update copies O(log n)
 nodes, so keeping the old state around costs nothing and no event walks all runs. Indexes:
@@ -17,7 +18,7 @@ nodes, so keeping the old state around costs nothing and no event walks all runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -41,24 +42,6 @@ Chain = tuple[Any, ...] | None
 """A persistent cons list: (head..., rest) or None."""
 
 _R = TypeVar("_R")
-_MISSING: Any = object()
-_EVOLVERS: dict[type, Any] = {}
-
-
-def _make_evolver(cls: type) -> Any:
-    """A copy-with-changes function specialised to `cls`'s fields (generated once per class)."""
-    names = [f.name for f in fields(cls)]
-    params = ", ".join(f"{n}=_M" for n in names)
-    body = "\n".join(f"    _set(new, {n!r}, r.{n} if {n} is _M else {n})" for n in names)
-    src = f"def evolve(r, *, {params}):\n    new = _new(_cls)\n{body}\n    return new\n"
-    scope: dict[str, Any] = {
-        "_M": _MISSING,
-        "_new": object.__new__,
-        "_set": object.__setattr__,
-        "_cls": cls,
-    }
-    exec(src, scope)
-    return scope["evolve"]
 
 
 def draft(state: State) -> State:
@@ -68,17 +51,21 @@ def draft(state: State) -> State:
 
 def put(draft_state: State, **changes: Any) -> State:
     """Set fields of a draft made by `draft` (never of a state someone else holds)."""
-    for name, value in changes.items():
-        object.__setattr__(draft_state, name, value)
+    draft_state.__dict__.update(changes)
     return draft_state
 
 
 def evolve(record: _R, **changes: Any) -> _R:
-    """A copy of a frozen slotted record with `changes`, without re-validating it."""
-    fn = _EVOLVERS.get(type(record))
-    if fn is None:
-        fn = _EVOLVERS[type(record)] = _make_evolver(type(record))
-    new: _R = fn(record, **changes)
+    """A copy of a frozen state record with `changes`, without re-validating it.
+
+    State records keep their fields in a `__dict__` (no `slots`) for this: copying a dict is
+    one C call, where copying slots is one Python step per field, and a decision copies a few
+    records per event.
+    """
+    new = object.__new__(type(record))
+    fields_ = new.__dict__
+    fields_.update(record.__dict__)
+    fields_.update(changes)
     return new
 
 
@@ -108,7 +95,7 @@ def _check_id(name: str, value: str) -> None:
 # --- state ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Replica:
     """One endpoint of the pool as the scheduler sees it."""
 
@@ -137,7 +124,7 @@ class Replica:
         return self.cap
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Run:
     """An agent run: the replica that holds its prefix and what it is doing."""
 
@@ -164,7 +151,7 @@ class Run:
         return bool(self.replica) and self.phase is not Phase.IDLE
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Turn:
     """A placed turn, in flight on a replica."""
 
@@ -185,7 +172,7 @@ class Turn:
         _check_id("turn replica", self.replica)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class HeldTurn:
     """A turn waiting in the scheduler for room."""
 
@@ -204,7 +191,7 @@ class HeldTurn:
         _check_id("turn id", self.id)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class DataplaneLink:
     """How many event streams a dataplane has open, and since when it has had none."""
 
@@ -215,7 +202,7 @@ class DataplaneLink:
 _EMPTY: immutables.Map[Any, Any] = immutables.Map()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class State:
     """Everything the scheduler knows. Replaced, never mutated."""
 
