@@ -46,7 +46,7 @@ proto: install
 		--grpc_python_out=$(RPC_OUT) $(PROTO)
 
 soak: install
-	$(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -m slow tests/soak
 
 bench: install
 	$(BIN)/python -m bench.scheduler_core
