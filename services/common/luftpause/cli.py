@@ -13,6 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("luftpause.scheduler.main", "the scheduler: gRPC :5000, HTTP status :5001"),
     "dataplane": ("luftpause.dataplane.main", "the OpenAI-compatible proxy on :8080"),
+    "runtime": ("luftpause.runtime.main", "the MCP runtime: durable sub-agents on :7000/mcp"),
     "fake-engine": ("luftpause.testkit.engine.main", "the engine simulator"),
     "fake-mcp": ("luftpause.testkit.fakemcp", "an MCP tool server with lookup and deep_search"),
     "up": ("luftpause.up", "the whole local stack as child processes"),

@@ -111,7 +111,7 @@ def plan(args: argparse.Namespace) -> list[list[Child]]:
         ready_url=f"http://127.0.0.1:{args.dataplane_port}/health",
     )
     groups = [first, [scheduler], [dataplane]]
-    if importlib.util.find_spec("luftpause.runtime") is not None:
+    if importlib.util.find_spec("luftpause.runtime.main") is not None:
         groups.append(
             [
                 Child(

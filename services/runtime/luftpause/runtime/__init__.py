@@ -1,0 +1,1 @@
+"""luftpause runtime: the MCP server that runs durable sub-agents."""
