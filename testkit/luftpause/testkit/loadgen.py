@@ -1,0 +1,275 @@
+"""`luftpause loadgen`: closed-loop own-loop agents against any OpenAI base URL.
+
+Shell module. Each agent runs tool-calling runs back to back for the window (a finished run is
+replaced at once). A run: a task padded to `--context-chars`, then turns until the model
+answers without tool calls or `--tool-calls` calls are spent (then no tools are offered); each
+tool call "takes" `--tool-seconds`. Turns stream, so time to first token is measured per turn;
+usage (prompt and cached tokens) comes from the final usage chunk. Against the simulator the
+`x-sim-tool-rounds` header makes it script exactly that many calls.
+
+Output: JSON with one record per run and a summary per class: runs/min (runs finished inside
+the window), run time p50/p99, TTFT p50/p99, share of prompt tokens from cache, errors, and
+Jain's fairness index over callers' completed runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+
+from luftpause.testkit.agents import LOOKUP_TOOL
+
+FILLER = (
+    "The river runs past the old mill and the town keeps its records in the hall. "
+    "Each season the ledger grows by a page and the clerk notes the weather. "
+)
+
+
+@dataclass
+class Run:
+    run_id: str
+    service_class: str
+    caller: str
+    started: float
+    ended: float = 0.0
+    turns: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    errors: int = 0
+    replicas: list[str] = field(default_factory=list)
+    completed: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    base_url: str
+    model: str
+    interactive: int
+    batch: int
+    context_chars: int
+    tool_calls: int
+    tool_seconds: float
+    window_s: float
+    seed: int
+    callers: int
+    api_key: str = "x"
+
+
+def pad(rng: random.Random, chars: int) -> str:
+    """A task of about `chars` characters, distinct per run so prefixes are per run."""
+    head = f"Task {rng.getrandbits(48):012x}: summarise the notes below, looking up facts. "
+    body = FILLER * (max(chars - len(head), 0) // len(FILLER) + 1)
+    return (head + body)[: max(chars, len(head))]
+
+
+async def turn(
+    client: AsyncOpenAI, run: Run, wl: Workload, messages: list[Any], offer_tools: bool
+) -> dict[str, Any] | None:
+    """One streamed turn; the assistant message, or None if it failed."""
+    headers = {
+        "x-luftpause-run-id": run.run_id,
+        "x-luftpause-class": run.service_class,
+        "x-luftpause-caller": run.caller,
+        "x-sim-tool-rounds": str(wl.tool_calls),
+    }
+    t0 = time.monotonic()
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    kwargs: dict[str, Any] = {"tools": LOOKUP_TOOL} if offer_tools else {}
+    try:
+        stream = await client.chat.completions.create(
+            model=wl.model,
+            messages=messages,
+            stream=True,
+            max_tokens=64,
+            stream_options={"include_usage": True},
+            extra_headers=headers,
+            **kwargs,
+        )
+        first = True
+        async for chunk in stream:
+            if chunk.usage is not None:
+                run.prompt_tokens += chunk.usage.prompt_tokens
+                details = chunk.usage.prompt_tokens_details
+                run.cached_tokens += (details.cached_tokens or 0) if details else 0
+            if not chunk.choices:
+                continue
+            delta = chunk.choices[0].delta
+            if first and (delta.content or delta.tool_calls):
+                run.ttft_s.append(time.monotonic() - t0)
+                run.replicas.append(chunk.system_fingerprint or "?")
+                first = False
+            content.append(delta.content or "")
+            for tc in delta.tool_calls or ():
+                slot = calls.setdefault(tc.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] = tc.id or slot["id"]
+                if tc.function is not None:
+                    slot["name"] += tc.function.name or ""
+                    slot["arguments"] += tc.function.arguments or ""
+    except (openai.APIError, openai.APIConnectionError):
+        run.errors += 1
+        return None
+    run.turns += 1
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in calls.values()
+        ]
+    return message
+
+
+async def one_run(client: AsyncOpenAI, run: Run, wl: Workload, rng: random.Random) -> None:
+    messages: list[Any] = [{"role": "user", "content": pad(rng, wl.context_chars)}]
+    spent = 0
+    while run.turns < wl.tool_calls + 4 and run.errors < 20:
+        message = await turn(client, run, wl, messages, offer_tools=spent < wl.tool_calls)
+        if message is None:
+            await asyncio.sleep(0.5)
+            continue
+        messages.append(message)
+        if not message.get("tool_calls"):
+            run.completed = True
+            break
+        for call in message["tool_calls"]:
+            spent += 1
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42 km"})
+        await asyncio.sleep(wl.tool_seconds)
+    run.ended = time.monotonic()
+
+
+async def agent(index: int, cls: str, wl: Workload, deadline: float, runs: list[Run]) -> None:
+    rng = random.Random(f"{wl.seed}:{cls}:{index}")
+    caller = f"caller-{index % wl.callers}"
+    async with AsyncOpenAI(
+        base_url=wl.base_url, api_key=wl.api_key, max_retries=0, timeout=600
+    ) as client:
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            run = Run(
+                run_id=f"{cls}-{index}-{n}-{wl.seed}",
+                service_class=cls,
+                caller=caller,
+                started=time.monotonic(),
+            )
+            runs.append(run)
+            await one_run(client, run, wl, rng)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)], 3)
+
+
+def jain(values: list[float]) -> float | None:
+    """Jain's fairness index: 1 when all equal, 1/n when one gets everything."""
+    if not values or not any(values):
+        return None
+    return round(sum(values) ** 2 / (len(values) * sum(v * v for v in values)), 4)
+
+
+def summarise(runs: list[Run], start: float, wl: Workload) -> dict[str, Any]:
+    end = start + wl.window_s
+    out: dict[str, Any] = {}
+    for cls in ("interactive", "batch"):
+        done = [r for r in runs if r.service_class == cls and r.completed and r.ended <= end]
+        mine = [r for r in runs if r.service_class == cls]
+        times = [r.ended - r.started for r in done]
+        ttft = [t for r in mine for t in r.ttft_s]
+        prompt = sum(r.prompt_tokens for r in mine)
+        per_caller: dict[str, int] = {}
+        for r in done:
+            per_caller[r.caller] = per_caller.get(r.caller, 0) + 1
+        out[cls] = {
+            "runs_per_min": round(len(done) / (wl.window_s / 60), 2),
+            "run_time_p50_s": _pct(times, 0.5),
+            "run_time_p99_s": _pct(times, 0.99),
+            "ttft_p50_s": _pct(ttft, 0.5),
+            "ttft_p99_s": _pct(ttft, 0.99),
+            "cached_share": round(sum(r.cached_tokens for r in mine) / prompt, 4)
+            if prompt
+            else None,
+            "errors": sum(r.errors for r in mine),
+            "jain_callers": jain([float(v) for v in per_caller.values()]),
+            "runs_moved": sum(1 for r in mine if len(set(r.replicas)) > 1),
+        }
+    return out
+
+
+async def run_workload(wl: Workload) -> dict[str, Any]:
+    """Run the closed loop for the window; return records and the summary."""
+    start = time.monotonic()
+    deadline = start + wl.window_s
+    runs: list[Run] = []
+    tasks = [
+        asyncio.create_task(agent(i, "interactive", wl, deadline, runs))
+        for i in range(wl.interactive)
+    ]
+    tasks += [asyncio.create_task(agent(i, "batch", wl, deadline, runs)) for i in range(wl.batch)]
+    await asyncio.sleep(wl.window_s)
+    for task in tasks:  # runs still going at the window's end do not count; stop them
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    summary = summarise(runs, start, wl)
+    records = [
+        {
+            **asdict(r),
+            "started": round(r.started - start, 3),
+            "ended": round(r.ended - start, 3) if r.ended else None,
+        }
+        for r in runs
+    ]
+    return {"workload": asdict(wl), "summary": summary, "runs": records}
+
+
+def parse_args(argv: list[str]) -> Workload:
+    p = argparse.ArgumentParser(prog="luftpause loadgen", description=__doc__)
+    p.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
+    p.add_argument("--model", default="luftpause-sim")
+    p.add_argument("--interactive", type=int, default=4, help="interactive agents")
+    p.add_argument("--batch", type=int, default=16, help="batch agents")
+    p.add_argument("--context-chars", type=int, default=8000)
+    p.add_argument("--tool-calls", type=int, default=3, help="tool calls per run (at most)")
+    p.add_argument("--tool-seconds", type=float, default=1.0)
+    p.add_argument("--window-s", type=float, default=60.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--callers", type=int, default=4, help="distinct x-luftpause-caller values")
+    a = p.parse_args(argv)
+    return Workload(
+        base_url=a.base_url,
+        model=a.model,
+        interactive=a.interactive,
+        batch=a.batch,
+        context_chars=a.context_chars,
+        tool_calls=a.tool_calls,
+        tool_seconds=a.tool_seconds,
+        window_s=a.window_s,
+        seed=a.seed,
+        callers=max(a.callers, 1),
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Run the workload and print its JSON (records and summary) to stdout."""
+    result = asyncio.run(run_workload(parse_args(argv)))
+    json.dump(result, sys.stdout, indent=1)
+    print(file=sys.stderr)
+    print(json.dumps(result["summary"], indent=1), file=sys.stderr)
+    return 0
