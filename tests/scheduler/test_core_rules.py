@@ -243,3 +243,23 @@ def test_single_pass_turns_never_touch_run_state_or_generative_replicas() -> Non
         state, Admit(at=1, turn_id="c1", run_id="", model=MODEL, single_pass=True)
     )
     assert placed(actions) == {"c1": "s"} and not state.runs and not state.caller_in_flight
+
+
+def test_without_affinity_a_paused_run_moves_off_its_full_replica() -> None:
+    """The benchmark ablation (runs free to move) against the default, on the same events."""
+    outcomes = {}
+    for affinity in (True, False):
+        state = initial_state([endpoint("a"), endpoint("b")], affinity=affinity)
+        for rid in ("a", "b"):
+            state, _ = decide(
+                state, ProbeResult(at=0, replica_id=rid, healthy=True, running=2, waiting=1)
+            )
+        state, actions = admit(state, "t1", "r1")
+        assert placed(actions) == {"t1": "a"}
+        state, _ = finish(state, "t1", tool_calls=True)
+        for i in range(3):  # a, b, a: the run's replica is now full, the other has room
+            state, _ = admit(state, f"x{i}", f"other{i}")
+        assert (state.replicas["a"].in_flight, state.replicas["b"].in_flight) == (2, 1)
+        _, actions = admit(state, "t2", "r1")
+        outcomes[affinity] = placed(actions)
+    assert outcomes == {True: {}, False: {"t2": "b"}}

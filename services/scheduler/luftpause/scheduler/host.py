@@ -60,10 +60,13 @@ class SchedulerHost:
         endpoints: Iterable[Endpoint],
         *,
         dataplane_grace_s: float = DATAPLANE_GRACE_S,
+        affinity: bool = True,
         clock: Callable[[], float] = time.monotonic,
         metrics: SchedulerMetrics | None = None,
     ) -> None:
-        self.state: State = initial_state(endpoints, dataplane_grace_s=dataplane_grace_s)
+        self.state: State = initial_state(
+            endpoints, dataplane_grace_s=dataplane_grace_s, affinity=affinity
+        )
         self.clock = clock
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind(self)

@@ -56,6 +56,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="seconds a dataplane's event streams may be gone before its turns are released",
     )
     p.add_argument(
+        "--no-affinity",
+        action="store_true",
+        help="benchmark ablation: let generating and tool-paused runs move between replicas",
+    )
+    p.add_argument(
         "--probe-period",
         type=float,
         default=PROBE_PERIOD_S,
@@ -73,7 +78,9 @@ async def _ticker(host: SchedulerHost) -> None:
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     log = setup_logging("scheduler")
     config = load_config(args.config)
-    host = SchedulerHost(config.endpoints, dataplane_grace_s=args.dataplane_grace)
+    host = SchedulerHost(
+        config.endpoints, dataplane_grace_s=args.dataplane_grace, affinity=not args.no_affinity
+    )
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(host), server)

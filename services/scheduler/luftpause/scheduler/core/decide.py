@@ -74,7 +74,10 @@ _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 
 def initial_state(
-    endpoints: Iterable[Endpoint], *, dataplane_grace_s: float = DATAPLANE_GRACE_S
+    endpoints: Iterable[Endpoint],
+    *,
+    dataplane_grace_s: float = DATAPLANE_GRACE_S,
+    affinity: bool = True,
 ) -> State:
     """The state before any event: the configured replicas, none yet known healthy."""
     replicas: dict[str, Replica] = {}
@@ -91,6 +94,7 @@ def initial_state(
             generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
             single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
             dataplane_grace_s=dataplane_grace_s,
+            affinity=affinity,
         )
     )
 

@@ -233,3 +233,5 @@ class State:
     # (kind prefix "m"/"s", model, class) -> healthy replicas serving it with room for the class.
     room: immutables.Map[tuple[str, str, ServiceClass], int] = _EMPTY
     dataplane_grace_s: float = DATAPLANE_GRACE_S
+    # Strict run affinity (the default). Off only as a benchmark ablation: runs free to move.
+    affinity: bool = True

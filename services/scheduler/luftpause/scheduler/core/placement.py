@@ -91,7 +91,7 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
         if home is not None and home.healthy and run.replica in ids:
             if has_room(home, turn.service_class):
                 return home  # pinned, or idle and its prefix may still be cached there
-            if run.pinned:
+            if run.pinned and state.affinity:
                 return None
     if not state.room.get(("s" if turn.single_pass else "m", turn.model, turn.service_class)):
         return None  # no healthy replica of the model has room for the class

@@ -33,7 +33,7 @@ def bucket_of(state: State, run_id: str, model: str, single_pass: bool) -> Bucke
     """Where a held turn of `run_id` may go: its pinned replica's bucket, or its model's."""
     if not single_pass:
         run = state.runs.get(run_id)
-        if run is not None and run.pinned:
+        if run is not None and run.pinned and state.affinity:
             replica = state.replicas.get(run.replica)
             if replica is not None and model in replica.models:
                 return ("r", run.replica, model)
