@@ -1,6 +1,12 @@
 """Request validation for the simulator's HTTP face, and the error a client sees.
 
 Pure module: bytes and dicts in, values or `HttpError` out.
+
+Failure injection (request header `x-sim-fail`, for failure tests):
+  `<status>`        answer that status (400..599) at once, with OpenAI's error body and
+                    `Retry-After: 1`; no engine work is done
+  `midstream[:N]`   start the reply, then cut the connection after N token chunks (default 3;
+                    a non-streamed reply is cut after part of its body), as a crashed engine would
 """
 
 from __future__ import annotations
@@ -23,6 +29,42 @@ class HttpError(Exception):
         self.headers: dict[str, str] = {}
 
 
+FAIL_HEADER = "x-sim-fail"
+MIDSTREAM_DEFAULT_CHUNKS = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    """An injected failure: refuse with `status`, or cut the reply after `after_chunks`."""
+
+    status: int | None = None
+    after_chunks: int = MIDSTREAM_DEFAULT_CHUNKS
+
+    @property
+    def midstream(self) -> bool:
+        return self.status is None
+
+
+def parse_failure(value: str | None) -> Failure | None:
+    """The failure asked for by an `x-sim-fail` header value, or None."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text.isdigit():
+        status = int(text)
+        if not 400 <= status <= 599:
+            raise HttpError(400, "x-sim-fail: a status must be within 400..599.")
+        return Failure(status=status)
+    kind, colon, count = text.partition(":")
+    if kind != "midstream":
+        raise HttpError(400, "x-sim-fail must be a status or midstream[:N].")
+    if not colon:
+        return Failure()
+    if not count.isdigit():
+        raise HttpError(400, "x-sim-fail: midstream:N needs a whole number N.")
+    return Failure(after_chunks=int(count))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChatRequest:
     body: dict[str, Any]
@@ -32,6 +74,7 @@ class ChatRequest:
     max_tokens: int
     tool_rounds: int
     top_logprobs: int | None
+    fail: Failure | None = None
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
@@ -58,6 +101,12 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimPara
         raise HttpError(400, "'messages' is required and must be a non-empty list.")
     if not all(isinstance(m, dict) for m in messages):
         raise HttpError(400, "Each message must be an object.")
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list)
+        and all(isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)
+    ):
+        raise HttpError(400, '\'tools\' must be a list of {"type": "function", ...} objects.')
     raw_max = body.get("max_completion_tokens") or body.get("max_tokens")
     max_tokens = (
         params.default_max_tokens if raw_max is None else _positive_int(raw_max, "max_tokens")
@@ -82,6 +131,7 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimPara
         max_tokens=max_tokens,
         tool_rounds=tool_rounds,
         top_logprobs=top,
+        fail=parse_failure(headers.get(FAIL_HEADER)),
     )
 
 

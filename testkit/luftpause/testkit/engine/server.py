@@ -2,12 +2,15 @@
 
 Shell layer: parses requests, asks the pure modules what to answer, and waits on the
 `EngineDriver` for tokens. A client that goes away aborts its request in the engine (the
-runner cancels the handler on disconnect; a failed write does the same).
+runner cancels the handler on disconnect; a failed write does the same). An injected failure
+(`x-sim-fail`, see `parsing`) refuses at once or cuts the connection part way through a reply;
+a cut request is aborted in the engine like a client's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import secrets
 import socket
@@ -25,6 +28,7 @@ from luftpause.testkit.engine.driver import EngineDriver, Handle, SimClock
 from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.parsing import (
     ChatRequest,
+    Failure,
     HttpError,
     decode_body,
     parse_chat,
@@ -115,6 +119,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     sim.check_key(request)
     chat = parse_chat(decode_body(await request.read()), request.headers, sim.params)
     entry.update(model=chat.model, stream=chat.stream)
+    if chat.fail is not None and chat.fail.status is not None:
+        raise _injected(chat.fail.status)
     text = render_prompt(chat.body["messages"], chat.body.get("tools"))
     prompt = tokenize(text)
     headers = sim.charge(len(prompt) + chat.max_tokens)
@@ -145,9 +151,37 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         await handle.done
         use = wire.usage(prompt=len(prompt), completion=handle.generated, cached=handle.cached)
         body = wire.completion(env, reply, handle.generated, use, chat.top_logprobs)
+        if chat.fail is not None:
+            return await _cut_body(request, json.dumps(body).encode(), headers)
         return web.json_response(body, headers=headers)
     finally:
         sim.driver.release(sub.rid)
+
+
+def _injected(status: int) -> HttpError:
+    """The refusal asked for by `x-sim-fail: <status>`."""
+    kind = "rate_limit_exceeded" if status == 429 else "server_error"
+    err = HttpError(status, f"Simulated failure: status {status}.", kind)
+    err.headers = {"Retry-After": "1"}
+    return err
+
+
+def _cut(request: web.Request) -> None:
+    """Drop the connection at once, with no proper end of the reply: a crashed engine."""
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _cut_body(
+    request: web.Request, body: bytes, headers: dict[str, str]
+) -> web.StreamResponse:
+    """Announce the whole JSON body, send half of it, then drop the connection."""
+    resp = web.StreamResponse(headers={"Content-Type": "application/json", **headers})
+    resp.content_length = len(body)
+    await resp.prepare(request)
+    await resp.write(body[: len(body) // 2])
+    _cut(request)
+    return resp
 
 
 async def _stream(
@@ -163,10 +197,16 @@ async def _stream(
     )
     await resp.prepare(request)
     assert handle.tokens is not None
+    cut_at = _cut_point(chat.fail)
     try:
-        for _ in range(handle.sub.output_tokens):
+        for sent in range(handle.sub.output_tokens):
+            if sent == cut_at:
+                break
             index = await handle.tokens.get()
             await resp.write(wire.token_chunk(env, reply, index, chat.top_logprobs))
+        if cut_at is not None:
+            _cut(request)
+            return resp
         await handle.done
         await resp.write(wire.finish_chunk(env, reply.finish_reason))
         if chat.include_usage:
@@ -179,6 +219,11 @@ async def _stream(
     except ConnectionError:
         pass  # the client left; the caller's `finally` aborts the request
     return resp
+
+
+def _cut_point(fail: Failure | None) -> int | None:
+    """After how many token chunks a stream is cut, or None for a whole reply."""
+    return fail.after_chunks if fail is not None and fail.midstream else None
 
 
 async def classify(request: web.Request) -> web.StreamResponse:

@@ -1,0 +1,588 @@
+"""Failure semantics of a turn through the dataplane, one row of the README's table per test.
+
+Real processes on loopback: simulated engines, one scheduler, one dataplane; clients are the
+official openai package or aiohttp (where the raw bytes matter). One engine, `a-victim`, runs
+in this process, so a test can see the scheduler's health probe arrive and close the port just
+after it. Each model is served by its own engines, so a test that kills or fills one leaves
+the others alone:
+
+    luftpause-sim  e0, e1      plain turns, client disconnects, injected 503 and cuts
+    capped         capped      --max-running 1, slow: a queue, so the scheduler caps it
+    hosted         hosted      --rpm 1: the hosted API's 429
+    doomed         doomed      killed with SIGKILL mid-stream
+    flaky          a-victim    in-process; its port is closed mid-test
+                   e1          the healthy replica beside it
+    silent         a-silent    in-process; its port is taken by a socket that never accepts
+
+After every failure the scheduler must show the slot freed and the run idle, never paused on a
+tool (`settled`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from openai import AsyncOpenAI
+
+from luftpause.testkit.engine import wire
+from luftpause.testkit.engine.params import SimParams
+from luftpause.testkit.engine.server import make_app
+from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import SIM_MODEL
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+RUN = "x-luftpause-run-id"
+CAPPED, HOSTED, DOOMED, FLAKY, SILENT = "capped", "hosted", "doomed", "flaky", "silent"
+MODELS: dict[str, tuple[str, ...]] = {
+    "a-victim": (FLAKY,),
+    "a-silent": (SILENT,),
+    "e0": (SIM_MODEL,),
+    "e1": (SIM_MODEL, FLAKY),
+    "capped": (CAPPED,),
+    "hosted": (HOSTED,),
+    "doomed": (DOOMED,),
+}
+FAST = ("--time-scale", "20", "--reply-tokens", "2000", "--default-max-tokens", "2000")
+ENGINE_ARGS: dict[str, tuple[str, ...]] = {
+    "e0": FAST,
+    "e1": FAST,
+    # One request runs, the next queues: the engine reports a queue and the scheduler caps it.
+    "capped": ("--max-running", "1", "--reply-tokens", "5000", "--default-max-tokens", "5000"),
+    "hosted": ("--rpm", "1", "--time-scale", "20"),
+    "doomed": ("--time-scale", "5", "--reply-tokens", "2000", "--default-max-tokens", "2000"),
+}
+HELLO: list[Any] = [{"role": "user", "content": "hello"}]
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {
+                "type": "object",
+                "properties": {"q": {"type": "string"}},
+                "required": ["q"],
+            },
+        },
+    }
+]
+
+
+class ProbedEngine:
+    """A simulated replica served in this process that notes each health probe it answers."""
+
+    def __init__(self, replica_id: str) -> None:
+        self.replica_id = replica_id
+        self.app = make_app(SimParams(replica_id=replica_id, time_scale=20.0))
+        self.app.on_response_prepare.append(self._prepared)
+        self.probed = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+
+    async def _prepared(self, request: web.Request, response: web.StreamResponse) -> None:
+        if request.path == "/health":
+            self.probed.set()
+
+    async def start(self, port: int) -> None:
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+
+    async def stop(self) -> None:
+        """Close the port (nothing listens there afterwards) and every connection."""
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
+
+
+@dataclass
+class Stack:
+    engines: dict[str, Proc]
+    ports: dict[str, int]
+    victim: ProbedEngine
+    silent: ProbedEngine
+    dataplane_port: int
+    status_url: str
+    session: aiohttp.ClientSession
+    killed: set[str] = field(default_factory=set)
+
+    @property
+    def chat_url(self) -> str:
+        return f"http://127.0.0.1:{self.dataplane_port}/v1/chat/completions"
+
+    def client(self, **headers: str) -> AsyncOpenAI:
+        return AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{self.dataplane_port}/v1",
+            api_key="x",
+            max_retries=0,
+            timeout=30,
+            default_headers=headers,
+        )
+
+    async def status(self) -> dict[str, Any]:
+        async with self.session.get(self.status_url) as resp:
+            result: dict[str, Any] = await resp.json()
+            return result
+
+    async def until(
+        self, check: Callable[[dict[str, Any]], bool], timeout: float = 15.0
+    ) -> dict[str, Any]:
+        """The first status that passes `check`, polled within `timeout`."""
+        async with asyncio.timeout(timeout):
+            while not check(st := await self.status()):
+                await asyncio.sleep(0.05)
+            return st
+
+    async def replica(self, replica_id: str) -> dict[str, Any]:
+        st = await self.status()
+        found: dict[str, Any] = next(r for r in st["replicas"] if r["id"] == replica_id)
+        return found
+
+    async def engine_metrics(self, name: str) -> dict[str, float]:
+        return await self._metrics(f"http://127.0.0.1:{self.ports[name]}/metrics")
+
+    async def dataplane_turns(self, outcome: str) -> float:
+        """Turns the dataplane counted with `outcome`, over both service classes."""
+        m = await self._metrics(f"http://127.0.0.1:{self.dataplane_port}/metrics")
+        return sum(
+            v
+            for k, v in m.items()
+            if k.startswith("luftpause_dataplane_turns_total{") and f'outcome="{outcome}"' in k
+        )
+
+    async def requests_total(self) -> float:
+        """Chat requests received by every engine still running."""
+        names = [n for n in self.engines if n not in self.killed]
+        return sum([(await self.engine_metrics(n))["luftpause_sim_requests_total"] for n in names])
+
+    async def settled(self) -> dict[str, Any]:
+        """Wait until no turn is in flight, then check that no slot and no run is left held."""
+        st = await self.until(lambda s: s["turns_in_flight"] == 0 and s["held_total"] == 0)
+        assert [r["id"] for r in st["replicas"] if r["in_flight"]] == []
+        assert sum(st["runs"]["generating"].values()) == 0
+        assert sum(st["runs"]["tool_paused"].values()) == 0
+        return st
+
+    async def _metrics(self, url: str) -> dict[str, float]:
+        async with self.session.get(url) as resp:
+            text = await resp.text()
+        values: dict[str, float] = {}  # by name with labels, and by bare name summed
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                values[key] = float(value)
+                if (name := key.split("{")[0]) != key:
+                    values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    work: Path = tmp_path_factory.mktemp("failures")
+    async with AsyncExitStack() as exits:
+        session = await exits.enter_async_context(aiohttp.ClientSession())
+        ports = {name: free_port() for name in MODELS}
+
+        async def spawn(name: str, args: list[str], ready: str) -> Proc:
+            proc = await Proc(args, name=name, log_path=work / f"{name}.log").start()
+            exits.push_async_callback(proc.stop)
+            await proc.wait_http(ready)
+            return proc
+
+        victim, silent = ProbedEngine("a-victim"), ProbedEngine("a-silent")
+        for engine in (victim, silent):
+            await engine.start(ports[engine.replica_id])
+            exits.push_async_callback(engine.stop)
+        names = list(ENGINE_ARGS)
+        procs = await asyncio.gather(
+            *(
+                spawn(
+                    name,
+                    ["fake-engine", "--port", str(ports[name]), "--id", name, *ENGINE_ARGS[name]],
+                    f"http://127.0.0.1:{ports[name]}/health",
+                )
+                for name in names
+            )
+        )
+        lines = ["endpoints:"]
+        for name, models in MODELS.items():
+            lines += [
+                f"  - id: {name}",
+                f"    url: http://127.0.0.1:{ports[name]}",
+                f"    models: [{', '.join(models)}]",
+            ]
+        config = work / "endpoints.yaml"
+        config.write_text("\n".join(lines) + "\n")
+        grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
+        sched_args = ["--config", str(config), "--grpc-port", str(grpc_port)]
+        await spawn(
+            "scheduler",
+            ["scheduler", *sched_args, "--http-port", str(http_port)],
+            f"http://127.0.0.1:{http_port}/health",
+        )
+        dp_args = ["--port", str(dp_port), "--scheduler", f"127.0.0.1:{grpc_port}"]
+        await spawn("dataplane", ["dataplane", *dp_args], f"http://127.0.0.1:{dp_port}/health")
+        s = Stack(
+            engines=dict(zip(names, procs, strict=True)),
+            ports=ports,
+            victim=victim,
+            silent=silent,
+            dataplane_port=dp_port,
+            status_url=f"http://127.0.0.1:{http_port}/status",
+            session=session,
+        )
+        await s.until(
+            lambda st: (
+                all(r["healthy"] for r in st["replicas"])
+                and any(d["streams"] for d in st["dataplanes"])
+            ),
+            timeout=20,
+        )
+        yield s
+
+
+async def _sse_until_broken(resp: aiohttp.ClientResponse, then: Callable[[], Any]) -> bytes:
+    """Read a stream's raw bytes; after the first chunk, run `then`; return what came."""
+    raw = b""
+    triggered = False
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async for chunk in resp.content.iter_any():
+            raw += chunk
+            if not triggered:
+                triggered = True
+                await then()
+    return raw
+
+
+@asynccontextmanager
+async def black_hole(port: int) -> AsyncIterator[None]:
+    """A listener on loopback `port` whose accept queue is full, so a connect there hangs.
+
+    Linux drops a SYN to a listener whose accept queue is full: the connecting side sees a
+    host that does not answer, without a packet leaving loopback.
+    """
+    loop = asyncio.get_running_loop()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    socks = [listener]
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(0)
+        for _ in range(8):  # fill the queue until a connect hangs
+            filler = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            filler.setblocking(False)
+            socks.append(filler)
+            try:
+                async with asyncio.timeout(0.3):
+                    await loop.sock_connect(filler, ("127.0.0.1", port))
+            except TimeoutError:
+                break
+        else:
+            pytest.skip("the listen queue never filled: cannot make a silent host on loopback")
+        yield
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+# --- client disconnects ---------------------------------------------------------------------
+
+
+async def test_a_client_that_leaves_while_held_drops_its_turn_and_no_engine_request_is_made(
+    stack: Stack,
+) -> None:
+    body = {"model": CAPPED, "stream": True, "messages": HELLO}
+    direct = f"http://127.0.0.1:{stack.ports['capped']}/v1/chat/completions"
+    abandoned = await stack.dataplane_turns("abandoned")
+    async with AsyncExitStack() as exits, asyncio.timeout(60):
+        # One turn running through the dataplane, one queued behind it sent straight to the
+        # engine: the engine reports a queue, so the scheduler caps it at what it runs.
+        running = await exits.enter_async_context(
+            stack.session.post(stack.chat_url, json=body, headers={RUN: "cap-running"})
+        )
+        await running.content.readany()
+        queued = await exits.enter_async_context(stack.session.post(direct, json=body))
+        assert queued.status == 200
+        await stack.until(
+            lambda s: any(r["id"] == "capped" and r["capacity"] == 1 for r in s["replicas"])
+        )
+        engine_requests = (await stack.engine_metrics("capped"))["luftpause_sim_requests_total"]
+        assert engine_requests == 2
+
+        async with aiohttp.ClientSession() as leaver:
+
+            async def held_turn() -> None:
+                async with leaver.post(stack.chat_url, json=body, headers={RUN: "cap-held"}):
+                    raise AssertionError("a held turn was answered")
+
+            task = asyncio.create_task(held_turn())
+            st = await stack.until(lambda s: s["held_total"] == 1)
+            assert st["held"][0]["class"] == "interactive"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        await stack.until(lambda s: s["held_total"] == 0)
+        assert await stack.dataplane_turns("abandoned") == abandoned + 1
+        m = await stack.engine_metrics("capped")
+        assert m["luftpause_sim_requests_total"] == engine_requests  # it never reached the engine
+    await stack.settled()
+
+
+async def test_a_client_that_leaves_mid_stream_stops_generation_and_may_retry_its_run(
+    stack: Stack,
+) -> None:
+    failed = await stack.dataplane_turns("failed")
+    async with asyncio.timeout(30), stack.client(**{RUN: "mid-stream"}) as c:
+        stream = await c.chat.completions.create(model=SIM_MODEL, messages=HELLO, stream=True)
+        got = []
+        async for chunk in stream:
+            got.append(chunk)
+            if len(got) == 3:
+                break
+        replica = got[0].system_fingerprint or ""
+        before = await stack.engine_metrics(replica)
+        await stream.close()
+
+        async with asyncio.timeout(10):
+            while True:
+                m = await stack.engine_metrics(replica)
+                if m["luftpause_sim_aborted_total"] == before["luftpause_sim_aborted_total"] + 1:
+                    break
+                await asyncio.sleep(0.02)
+        assert m["sglang:num_running_reqs"] == 0
+        assert m["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 1000
+        st = await stack.settled()
+        assert st["runs"]["idle"]["interactive"] >= 1
+        assert await stack.dataplane_turns("failed") == failed + 1
+
+        retry = await c.chat.completions.create(model=SIM_MODEL, messages=HELLO, max_tokens=8)
+    assert retry.choices[0].finish_reason == "length"
+    assert retry.system_fingerprint == replica  # the idle run went back to its replica
+    await stack.settled()
+
+
+# --- engine refuses or breaks ---------------------------------------------------------------
+
+
+async def test_a_refused_connection_is_a_502_at_once_until_the_probe_takes_the_replica_out(
+    stack: Stack,
+) -> None:
+    failed = await stack.dataplane_turns("failed")
+    async with asyncio.timeout(30):
+        # Close the victim's port just after a probe, so the next probe is a period away.
+        stack.victim.probed.clear()
+        await stack.victim.probed.wait()
+        await stack.victim.stop()
+        started = time.monotonic()
+        async with stack.session.post(
+            stack.chat_url, json={"model": FLAKY, "messages": HELLO}, headers={RUN: "flaky"}
+        ) as resp:
+            took = time.monotonic() - started
+            payload = await resp.json()
+            assert resp.status == 502
+            assert resp.headers[RUN] == "flaky"
+        assert list(payload) == ["error"] and list(payload["error"]) == ["message"]
+        assert payload["error"]["message"].startswith("engine a-victim: ")
+        assert took < 1.5
+        st = await stack.settled()
+        assert any(r["id"] == "a-victim" and r["healthy"] for r in st["replicas"])  # not yet out
+        assert await stack.dataplane_turns("failed") == failed + 1
+
+        await stack.until(
+            lambda s: any(r["id"] == "a-victim" and not r["healthy"] for r in s["replicas"])
+        )
+        async with stack.client(**{RUN: "flaky"}) as c:
+            replies = [
+                await c.chat.completions.create(model=FLAKY, messages=HELLO, max_tokens=4)
+                for _ in range(3)
+            ]
+    assert {r.system_fingerprint for r in replies} == {"e1"}
+    await stack.settled()
+
+
+async def test_an_engine_host_that_does_not_answer_is_a_502_after_the_connect_timeout(
+    stack: Stack,
+) -> None:
+    failed = await stack.dataplane_turns("failed")
+    async with asyncio.timeout(30):
+        stack.silent.probed.clear()
+        await stack.silent.probed.wait()
+        await stack.silent.stop()
+        async with black_hole(stack.ports["a-silent"]):
+            started = time.monotonic()
+            async with stack.session.post(
+                stack.chat_url, json={"model": SILENT, "messages": HELLO}, headers={RUN: "silent"}
+            ) as resp:
+                took = time.monotonic() - started
+                payload = await resp.json()
+                assert resp.status == 502
+                assert resp.headers[RUN] == "silent"
+            assert payload["error"]["message"].startswith("engine a-silent: ")
+            assert 1.5 <= took < 10  # the dataplane's 2 s connect timeout, not the OS's minutes
+            await stack.settled()
+    assert await stack.dataplane_turns("failed") == failed + 1
+
+
+async def test_an_engine_killed_mid_stream_ends_the_reply_without_its_last_chunk(
+    stack: Stack,
+) -> None:
+    failed = await stack.dataplane_turns("failed")
+    body = {"model": DOOMED, "stream": True, "messages": HELLO}
+    async with (
+        asyncio.timeout(30),
+        stack.session.post(stack.chat_url, json=body, headers={RUN: "doomed"}) as resp,
+    ):
+        assert resp.status == 200
+        assert resp.headers[RUN] == "doomed"
+
+        async def kill() -> None:
+            stack.killed.add("doomed")
+            await stack.engines["doomed"].kill()
+
+        raw = await _sse_until_broken(resp, kill)
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events and all(e.startswith(b"data: {") for e in events)
+    assert b"[DONE]" not in raw and b'"finish_reason":"stop"' not in raw
+    await stack.settled()
+    assert await stack.dataplane_turns("failed") == failed + 1
+
+
+async def test_an_engine_that_breaks_off_a_plain_reply_gives_a_502(stack: Stack) -> None:
+    failed = await stack.dataplane_turns("failed")
+    headers = {RUN: "cut-plain", "x-sim-fail": "midstream"}
+    async with (
+        asyncio.timeout(30),
+        stack.session.post(
+            stack.chat_url,
+            json={"model": SIM_MODEL, "messages": HELLO, "max_tokens": 16},
+            headers=headers,
+        ) as resp,
+    ):
+        assert resp.status == 502
+        assert resp.headers[RUN] == "cut-plain"
+        payload = await resp.json()
+    assert payload["error"]["message"].startswith("engine e")
+    await stack.settled()
+    assert await stack.dataplane_turns("failed") == failed + 1
+
+
+async def test_an_engine_503_reaches_the_client_unchanged_with_its_retry_after(
+    stack: Stack,
+) -> None:
+    failed = await stack.dataplane_turns("failed")
+    async with (
+        asyncio.timeout(30),
+        stack.session.post(
+            stack.chat_url,
+            json={"model": SIM_MODEL, "messages": HELLO},
+            headers={RUN: "refused", "x-sim-fail": "503"},
+        ) as resp,
+    ):
+        assert resp.status == 503
+        assert resp.headers["Retry-After"] == "1"
+        assert resp.headers[RUN] == "refused"
+        raw = await resp.read()
+    expected = wire.error("Simulated failure: status 503.", "server_error")
+    assert raw == json.dumps(expected).encode()  # the engine's bytes, as sent
+    st = await stack.settled()
+    assert st["runs"]["idle"]["interactive"] >= 1
+    assert await stack.dataplane_turns("failed") == failed + 1
+
+
+async def test_a_hosted_429_reaches_the_openai_client_with_its_retry_after(stack: Stack) -> None:
+    failed = await stack.dataplane_turns("failed")
+    async with asyncio.timeout(30), stack.client(**{RUN: "rate-limited"}) as c:
+        first = await c.chat.completions.create(model=HOSTED, messages=HELLO, max_tokens=4)
+        assert first.choices[0].message.content
+        with pytest.raises(openai.RateLimitError) as err:
+            await c.chat.completions.create(model=HOSTED, messages=HELLO, max_tokens=4)
+    response = err.value.response
+    assert response.status_code == 429
+    assert int(response.headers["Retry-After"]) >= 1
+    assert response.headers["x-ratelimit-limit-requests"] == "1"
+    assert response.headers[RUN] == "rate-limited"
+    assert response.json()["error"]["type"] == "rate_limit_exceeded"  # the engine's own body
+    await stack.settled()
+    assert await stack.dataplane_turns("failed") == failed + 1
+
+
+async def test_an_unknown_model_is_refused_before_queueing_and_nothing_is_recorded(
+    stack: Stack,
+) -> None:
+    before = await stack.settled()
+    requests = await stack.requests_total()
+    counted = [await stack.dataplane_turns(o) for o in ("finished", "failed", "abandoned")]
+    async with asyncio.timeout(10), stack.client(**{RUN: "no-model"}) as c:
+        with pytest.raises(openai.NotFoundError) as err:
+            await c.chat.completions.create(model="no-such-model", messages=HELLO)
+    assert err.value.response.json() == {
+        "error": {"message": "no Generative replica serves model 'no-such-model'"}
+    }
+    assert err.value.response.headers[RUN] == "no-model"
+    after = await stack.settled()
+    assert after["runs_total"] == before["runs_total"]
+    assert await stack.requests_total() == requests
+    assert [await stack.dataplane_turns(o) for o in ("finished", "failed", "abandoned")] == counted
+
+
+async def test_a_run_whose_turns_failed_every_way_is_left_idle_and_its_next_turn_runs(
+    stack: Stack,
+) -> None:
+    """One run through each failure kind; after each, no slot held and the run idle."""
+    body = {"model": SIM_MODEL, "messages": HELLO, "max_tokens": 64}
+    failed = await stack.dataplane_turns("failed")
+    async with asyncio.timeout(60):
+        for fail, status in (("503", 503), ("429", 429), ("midstream", 502)):
+            async with stack.session.post(
+                stack.chat_url, json=body, headers={RUN: "unlucky", "x-sim-fail": fail}
+            ) as resp:
+                assert resp.status == status
+            st = await stack.settled()
+            assert st["runs"]["idle"]["interactive"] >= 1
+        async with stack.session.post(
+            stack.chat_url,
+            json={**body, "stream": True},
+            headers={RUN: "unlucky", "x-sim-fail": "midstream:2"},
+        ) as resp:
+            raw = await _sse_until_broken(resp, lambda: asyncio.sleep(0))
+        assert raw.count(b"data: {") == 2 and b"[DONE]" not in raw
+        await stack.settled()
+        async with stack.session.post(
+            stack.chat_url, json={**body, "stream": True}, headers={RUN: "unlucky"}
+        ) as resp:
+            await resp.content.readany()  # then this client leaves mid-stream
+        await stack.settled()
+        assert await stack.dataplane_turns("failed") == failed + 5
+
+        # The check above would see a paused run: a tool call pauses this one, an answer ends it.
+        async with stack.client(**{RUN: "unlucky", "x-sim-tool-rounds": "1"}) as c:
+            call = await c.chat.completions.create(
+                model=SIM_MODEL, messages=HELLO, tools=TOOLS, max_tokens=64
+            )
+            message = call.choices[0].message
+            assert message.tool_calls
+            st = await stack.until(lambda s: s["turns_in_flight"] == 0)
+            assert st["runs"]["tool_paused"]["interactive"] == 1
+            history: list[Any] = [
+                *HELLO,
+                message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "ok"},
+            ]
+            answer = await c.chat.completions.create(
+                model=SIM_MODEL, tools=TOOLS, max_tokens=16, messages=history
+            )
+    assert answer.choices[0].finish_reason == "length" and answer.choices[0].message.content
+    assert answer.system_fingerprint == call.system_fingerprint
+    await stack.settled()
