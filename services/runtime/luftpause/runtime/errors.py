@@ -1,0 +1,30 @@
+"""The runtime's exceptions.
+
+Pure module. Tree::
+
+    RuntimeServiceError          code, retryable
+    ├── TurnError                a model turn failed for good (the run fails with it)
+    └── RequestError             a tool call to the runtime was malformed (unknown handle, ...)
+"""
+
+from __future__ import annotations
+
+
+class RuntimeServiceError(Exception):
+    """Root of the runtime's errors: a machine-readable code and whether a retry can help."""
+
+    code = "runtime_error"
+    retryable = False
+
+    def __init__(self, message: str, *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        if retryable is not None:
+            self.retryable = retryable
+
+
+class TurnError(RuntimeServiceError):
+    code = "turn_failed"
+
+
+class RequestError(RuntimeServiceError):
+    code = "bad_request"

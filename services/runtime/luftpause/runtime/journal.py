@@ -1,0 +1,224 @@
+"""The run journal's format, its incremental parser and replay.
+
+Pure module: no I/O (the file is `store`'s); imports `machine` only. `runs.jsonl` holds one
+JSON object per line, each ending in a newline; every record carries the format version
+`"v": 1`, its `type` and the run's handle `run`:
+
+    {"v":1,"type":"spawned","run":H,"spec":{...spawn's arguments, caller...}}
+    {"v":1,"type":"round","run":H,"round":N,"assistant":{...},"results":[...],"usage":{...}}
+    {"v":1,"type":"finished","run":H,"state":"finished|failed|cancelled","result":...,
+     "error":...,"usage":{...}}
+
+A record counts once its newline is on disk: a line without one is a write torn by a crash
+and is dropped, never the records before it. Replay folds the records through the state
+machine (`machine.step`), so the same journal always gives the same runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from luftpause.runtime import machine as m
+
+VERSION = 1
+
+
+class JournalError(ValueError):
+    """A record the runtime cannot interpret (another format version, a missing field)."""
+
+
+# --- records ---
+
+
+def _usage_json(u: m.Usage) -> dict[str, Any]:
+    return {
+        "turns": u.turns,
+        "promptTokens": u.prompt_tokens,
+        "completionTokens": u.completion_tokens,
+        "turnSeconds": round(u.turn_seconds, 6),
+    }
+
+
+def _usage(data: dict[str, Any] | None) -> m.Usage:
+    data = data or {}
+    return m.Usage(
+        turns=int(data.get("turns", 0)),
+        prompt_tokens=int(data.get("promptTokens", 0)),
+        completion_tokens=int(data.get("completionTokens", 0)),
+        turn_seconds=float(data.get("turnSeconds", 0.0)),
+    )
+
+
+def spawned_record(spec: m.RunSpec) -> dict[str, Any]:
+    return {"v": VERSION, "type": "spawned", "run": spec.handle, "spec": spec.to_json()}
+
+
+def round_record(handle: str, d: m.RecordRound) -> dict[str, Any]:
+    results = [
+        {
+            "id": r.call_id,
+            "name": r.name,
+            "content": r.content,
+            "ok": r.ok,
+            "seconds": round(r.seconds, 6),
+        }
+        for r in d.results
+    ]
+    return {
+        "v": VERSION,
+        "type": "round",
+        "run": handle,
+        "round": d.round,
+        "assistant": d.assistant,
+        "results": results,
+        "usage": _usage_json(d.usage),
+    }
+
+
+def finished_record(handle: str, d: m.RecordFinished) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "type": "finished",
+        "run": handle,
+        "state": d.phase.value,
+        "result": d.result,
+        "error": d.error,
+        "usage": _usage_json(d.usage),
+    }
+
+
+def encode(record: dict[str, Any]) -> bytes:
+    """One record as one line: compact JSON with no raw newline inside, then a newline."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+# --- incremental parser ---
+
+
+class JournalDecoder:
+    """Bytes in, records out; a line counts only once its newline arrived."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self.skipped = 0
+        self.torn = 0
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        return [rec for line in lines if (rec := self._parse(line)) is not None]
+
+    def flush(self) -> list[dict[str, Any]]:
+        """End of the file: whatever is left had no newline, a torn write; drop it."""
+        if self._buffer:
+            self.torn = len(self._buffer)
+        self._buffer = b""
+        return []
+
+    def _parse(self, line: bytes) -> dict[str, Any] | None:
+        if not line.strip():
+            return None
+        try:
+            record = json.loads(line)
+        except ValueError:
+            # A complete line that is not JSON: only a torn write followed by a later append
+            # (the store truncates torn tails, so this is damage from elsewhere); skip it.
+            self.skipped += 1
+            return None
+        if not isinstance(record, dict):
+            self.skipped += 1
+            return None
+        if record.get("v") != VERSION:
+            raise JournalError(
+                f"journal record of version {record.get('v')!r}; this reads {VERSION}"
+            )
+        return record
+
+
+# --- replay ---
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replayed:
+    runs: dict[str, m.RunState] = field(default_factory=dict)
+    ignored: int = 0
+
+
+def _calls(assistant: dict[str, Any]) -> tuple[m.ToolCall, ...]:
+    return tuple(
+        m.ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+        for c in assistant.get("tool_calls") or []
+    )
+
+
+def _results(items: list[dict[str, Any]]) -> tuple[m.ToolResult, ...]:
+    return tuple(
+        m.ToolResult(
+            call_id=r["id"],
+            name=r["name"],
+            content=r["content"],
+            ok=bool(r.get("ok", True)),
+            seconds=float(r.get("seconds", 0.0)),
+        )
+        for r in items
+    )
+
+
+def apply(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    """One round or finished record applied to its run; None if it does not fit (ignored)."""
+    if record["type"] == "round":
+        if int(record["round"]) != state.rounds + 1 or state.phase is not m.Phase.RUNNING:
+            return None
+        turn = m.TurnCompleted(
+            content=record["assistant"].get("content"),
+            tool_calls=_calls(record["assistant"]),
+            usage=_usage(record.get("usage")),
+        )
+        state, _ = m.step(state, turn)
+        if state.phase is not m.Phase.TOOLS:
+            return None
+        state, _ = m.step(state, m.ToolsReturned(results=_results(record["results"])))
+        return state
+    if record["type"] == "finished":
+        if state.phase.over:
+            return None
+        if state.phase is m.Phase.TOOLS:
+            return None
+        outcome = record["state"]
+        event: m.Event
+        if outcome == m.Phase.FINISHED.value:
+            event = m.TurnCompleted(content=record.get("result"), usage=_usage(record.get("usage")))
+        elif outcome == m.Phase.FAILED.value:
+            event = m.TurnFailed(error=str(record.get("error")))
+        else:
+            event = m.Cancel(reason=str(record.get("error") or "cancelled"))
+        state, _ = m.step(state, event)
+        return state
+    return None
+
+
+def replay(records: Iterable[dict[str, Any]]) -> Replayed:
+    """The runs a journal describes: a pure fold of its records through the state machine."""
+    runs: dict[str, m.RunState] = {}
+    ignored = 0
+    for record in records:
+        try:
+            handle = str(record["run"])
+            if record["type"] == "spawned":
+                if handle in runs:
+                    ignored += 1
+                else:
+                    runs[handle] = m.start(m.RunSpec.from_json(record["spec"]))
+                continue
+            state = runs.get(handle)
+            new = None if state is None else apply(state, record)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JournalError(f"bad journal record {record!r}: {exc}") from exc
+        if new is None:
+            ignored += 1
+        else:
+            runs[handle] = new
+    return Replayed(runs=runs, ignored=ignored)

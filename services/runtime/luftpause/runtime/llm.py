@@ -1,0 +1,133 @@
+"""Model turns through the dataplane with the official `openai` client, and their retries.
+
+Shell module (network I/O). A 429 is retried after its Retry-After (else 1 s) for as long as
+the run lives (cancelling the run's task ends the wait); any other failure is retried a few
+times with backoff, then raised as `TurnError` and the run fails with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import openai
+import structlog
+from openai import AsyncOpenAI
+
+from luftpause.runtime.errors import TurnError
+from luftpause.runtime.hygiene import recover_text_calls
+from luftpause.runtime.machine import RunSpec, ToolCall, TurnCompleted, Usage
+
+TURN_TIMEOUT = 600.0  # runtime -> dataplane: longest a turn may take, queue wait included
+DEFAULT_RETRY_AFTER = 1.0
+RETRIES = 3
+BACKOFF = 0.5
+
+log = structlog.get_logger(service="runtime")
+
+
+def retry_after(headers: Mapping[str, str] | None) -> float:
+    """Seconds from a Retry-After header (seconds form), else the default."""
+    raw = (headers or {}).get("retry-after")
+    try:
+        return max(0.0, float(raw)) if raw is not None else DEFAULT_RETRY_AFTER
+    except ValueError:
+        return DEFAULT_RETRY_AFTER
+
+
+class Llm:
+    """One OpenAI client for the dataplane, shared by every run."""
+
+    def __init__(self, dataplane: str, *, timeout: float = TURN_TIMEOUT) -> None:
+        self.dataplane = dataplane.rstrip("/")
+        self.client = AsyncOpenAI(
+            base_url=f"{self.dataplane}/v1", api_key="luftpause", max_retries=0, timeout=timeout
+        )
+        self._http: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        await self.client.close()
+        if self._http is not None:
+            await self._http.close()
+
+    async def turn(
+        self, spec: RunSpec, messages: tuple[dict[str, Any], ...], tools: list[dict[str, Any]]
+    ) -> TurnCompleted:
+        """One model turn, retried as the module docstring says."""
+        failures = 0
+        while True:
+            started = time.monotonic()
+            try:
+                return await self._once(spec, messages, tools, started)
+            except openai.RateLimitError as exc:
+                delay = retry_after(exc.response.headers)
+                log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
+                await asyncio.sleep(delay)
+            except openai.APIError as exc:
+                failures += 1
+                message = f"{type(exc).__name__}: {exc}"
+                if failures > RETRIES:
+                    raise TurnError(message) from exc
+                log.warning("turn.retry", run=spec.handle, failures=failures, error=message)
+                await asyncio.sleep(BACKOFF * 2 ** (failures - 1))
+
+    async def _once(
+        self,
+        spec: RunSpec,
+        messages: tuple[dict[str, Any], ...],
+        tools: list[dict[str, Any]],
+        started: float,
+    ) -> TurnCompleted:
+        extra: dict[str, Any] = {}
+        if tools:
+            extra["tools"] = tools
+        if spec.max_tokens:
+            extra["max_tokens"] = spec.max_tokens
+        reply = await self.client.chat.completions.create(
+            model=spec.model,
+            messages=list(messages),  # type: ignore[arg-type]
+            extra_headers={
+                "x-luftpause-run-id": spec.handle,
+                "x-luftpause-class": spec.service_class,
+                "x-luftpause-caller": spec.caller,
+            },
+            **extra,
+        )
+        if not reply.choices:
+            raise TurnError("the model returned no choices", retryable=True)
+        message = reply.choices[0].message
+        calls = tuple(
+            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
+            for c in message.tool_calls or []
+            if c.type == "function"
+        )
+        content = message.content
+        if not calls and tools:
+            names = frozenset(t["function"]["name"] for t in tools)
+            text_calls = recover_text_calls(content, names)
+            calls = tuple(
+                ToolCall(id=f"call_{reply.id}_{i}", name=name, arguments=args)
+                for i, (name, args) in enumerate(text_calls)
+            )
+            if calls:
+                content = None
+        usage = Usage(
+            turns=1,
+            prompt_tokens=reply.usage.prompt_tokens if reply.usage else 0,
+            completion_tokens=reply.usage.completion_tokens if reply.usage else 0,
+            turn_seconds=time.monotonic() - started,
+        )
+        return TurnCompleted(content=content, tool_calls=calls, usage=usage)
+
+    async def forget_run(self, handle: str) -> None:
+        """Tell the dataplane the run is over (DELETE /v1/runs/{id}); best effort."""
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        try:
+            async with self._http.delete(f"{self.dataplane}/v1/runs/{handle}") as resp:
+                await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("run.forget_failed", run=handle, error=repr(exc))

@@ -1,0 +1,133 @@
+"""`luftpause runtime`: argv, the journal, the upstream sessions, the MCP server under uvicorn.
+
+Shell module. Serves on one port:
+
+    POST/GET/DELETE /mcp   MCP Streamable HTTP (spawn, await, run, status, cancel, tools)
+    GET /status            the run tree with each run's own work and subtree totals
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+import uvicorn
+
+from luftpause.common.logs import setup_logging
+from luftpause.common.runner import run_async
+from luftpause.runtime.llm import Llm
+from luftpause.runtime.runs import Runtime
+from luftpause.runtime.server import build_server
+from luftpause.runtime.store import JournalFile
+from luftpause.runtime.upstream import Upstreams
+
+_SHUTDOWN_GRACE_SECONDS = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """Everything `luftpause runtime` takes from its command line."""
+
+    host: str = "127.0.0.1"
+    port: int = 7000
+    dataplane: str = "http://127.0.0.1:8080"
+    mcp_servers: tuple[str, ...] = ()
+    state_dir: Path = Path("state")
+    model: str = "luftpause-sim"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")
+
+
+def parse_args(argv: list[str]) -> RuntimeConfig:
+    """Build the config from argv (the subcommand name already removed)."""
+    p = argparse.ArgumentParser(prog="luftpause runtime", description="The MCP runtime.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7000)
+    p.add_argument("--dataplane", default="http://127.0.0.1:8080", help="dataplane base URL")
+    p.add_argument(
+        "--mcp-server",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="upstream MCP server (Streamable HTTP); repeatable",
+    )
+    p.add_argument(
+        "--state-dir",
+        default=os.environ.get("LUFTPAUSE_STATE_DIR", "state"),
+        help="where runs.jsonl lives (env LUFTPAUSE_STATE_DIR; default state)",
+    )
+    p.add_argument("--model", default="luftpause-sim", help="default model for spawn")
+    ns = p.parse_args(argv)
+    try:
+        return RuntimeConfig(
+            host=ns.host,
+            port=ns.port,
+            dataplane=ns.dataplane,
+            mcp_servers=tuple(ns.mcp_server),
+            state_dir=Path(ns.state_dir),
+            model=ns.model,
+        )
+    except ValueError as exc:
+        p.error(str(exc))
+
+
+class _Uvicorn(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to `run_async`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def serve(
+    config: RuntimeConfig, stop: asyncio.Event, log: structlog.stdlib.BoundLogger
+) -> None:
+    """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
+    upstreams = Upstreams(list(config.mcp_servers))
+    upstreams.start()
+    llm = Llm(config.dataplane)
+    runtime = Runtime(JournalFile(config.state_dir), llm, upstreams)
+    resumed = runtime.resume()
+    app = build_server(runtime, default_model=config.model).streamable_http_app(
+        streamable_http_path="/mcp", host=config.host
+    )
+    server = _Uvicorn(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=_SHUTDOWN_GRACE_SECONDS,
+        )
+    )
+    log.info("runtime.starting", url=f"http://{config.host}:{config.port}/mcp", resumed=resumed)
+    serving = asyncio.create_task(server.serve())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        server.should_exit = True
+        # In-flight await calls are cut by the shutdown; runs are left to resume from the journal.
+        await runtime.stop()
+        with contextlib.suppress(Exception):
+            await serving
+        await upstreams.close()
+        await llm.close()
+        log.info("runtime.stopped")
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of `luftpause runtime`."""
+    config = parse_args(argv)
+    log = setup_logging("runtime")
+    return run_async(lambda stop: serve(config, stop, log))

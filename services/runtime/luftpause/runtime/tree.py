@@ -1,0 +1,71 @@
+"""The run tree for GET /status: each run's own work and its subtree's totals.
+
+Pure module: no I/O; it reads run states (`machine.RunState`) through any mapping whose values
+have a `.state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from luftpause.runtime import machine as m
+
+
+class HasState(Protocol):
+    @property
+    def state(self) -> m.RunState: ...
+
+
+_KEYS = (
+    "turns",
+    "toolCalls",
+    "failedToolCalls",
+    "promptTokens",
+    "completionTokens",
+    "turnSeconds",
+    "toolSeconds",
+)
+
+
+def own_work(state: m.RunState) -> dict[str, float]:
+    u = state.usage
+    return {
+        "turns": u.turns,
+        "toolCalls": state.tool_calls,
+        "failedToolCalls": state.failed_tool_calls,
+        "promptTokens": u.prompt_tokens,
+        "completionTokens": u.completion_tokens,
+        "turnSeconds": round(u.turn_seconds, 3),
+        "toolSeconds": round(state.tool_seconds, 3),
+    }
+
+
+def status(runs: Mapping[str, HasState]) -> dict[str, Any]:
+    """Roots first, children nested; every node has `own` and `subtree` totals."""
+    children: dict[str | None, list[str]] = {}
+    for handle, run in runs.items():
+        parent = run.state.spec.parent
+        children.setdefault(parent if parent in runs else None, []).append(handle)
+
+    def node(handle: str) -> dict[str, Any]:
+        state = runs[handle].state
+        kids = [node(h) for h in children.get(handle, [])]
+        own = own_work(state)
+        subtree = {k: own[k] + sum(kid["subtree"][k] for kid in kids) for k in _KEYS}
+        return {
+            "handle": handle,
+            "state": state.phase.value,
+            "task": state.spec.task[:200],
+            "model": state.spec.model,
+            "serviceClass": state.spec.service_class,
+            "own": own,
+            "subtree": {k: round(v, 3) for k, v in subtree.items()},
+            "children": kids,
+        }
+
+    roots = [node(h) for h in children.get(None, [])]
+    phases: dict[str, int] = {}
+    for run in runs.values():
+        phases[run.state.phase.value] = phases.get(run.state.phase.value, 0) + 1
+    return {"runs": len(runs), "byState": phases, "tree": roots}

@@ -1,0 +1,175 @@
+"""Upstream MCP tool servers: one kept-open client session each, reconnected on failure.
+
+Shell module (network I/O through the official `mcp` client). Runs see the union of the
+servers' tools (the first server wins a name clash) as OpenAI function tools, and call them
+through `Upstreams.call`, which never raises: a failure is a failed `ToolResult` the model reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from mcp import Client
+from mcp.types import CallToolResult, TextContent, Tool
+
+from luftpause.runtime.machine import ToolCall, ToolResult
+
+CONNECT_TIMEOUT = 10.0
+TOOL_TIMEOUT = 300.0
+_RECONNECT_DELAY = 0.5
+
+log = structlog.get_logger(service="runtime")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamTool:
+    server: str
+    tool: Tool
+
+    def openai(self) -> dict[str, Any]:
+        """The tool as an OpenAI Chat Completions function tool."""
+        schema = self.tool.input_schema or {"type": "object", "properties": {}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.tool.name,
+                "description": self.tool.description or "",
+                "parameters": schema,
+            },
+        }
+
+    def describe(self) -> dict[str, Any]:
+        ann = self.tool.annotations
+        return {
+            "name": self.tool.name,
+            "description": self.tool.description or "",
+            "server": self.server,
+            "inputSchema": self.tool.input_schema,
+            "destructive": bool(ann and ann.destructive_hint and not ann.read_only_hint),
+        }
+
+
+class UpstreamServer:
+    """One MCP server over Streamable HTTP, its session held open by a keeper task."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._client: Client | None = None
+        self._up = asyncio.Event()
+        self._broken = asyncio.Event()
+        self._tools: list[Tool] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._keep(), name=f"upstream {self.url}")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _keep(self) -> None:
+        while True:
+            try:
+                async with Client(self.url, read_timeout_seconds=TOOL_TIMEOUT) as client:
+                    self._tools = list((await client.list_tools()).tools)
+                    self._client = client
+                    self._up.set()
+                    log.info("upstream.connected", url=self.url, tools=len(self._tools))
+                    await self._broken.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("upstream.down", url=self.url, error=repr(exc))
+            finally:
+                self._client = None
+                self._up.clear()
+                self._broken.clear()
+            await asyncio.sleep(_RECONNECT_DELAY)
+
+    async def client(self, timeout: float = CONNECT_TIMEOUT) -> Client:
+        async with asyncio.timeout(timeout):
+            while self._client is None:
+                await self._up.wait()
+        return self._client
+
+    def reconnect(self) -> None:
+        self._broken.set()
+
+    async def tools(self) -> list[Tool]:
+        with contextlib.suppress(TimeoutError):
+            await self.client()
+        return list(self._tools or [])
+
+
+class Upstreams:
+    """Every configured upstream server, as one catalogue of tools."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.servers = [UpstreamServer(u) for u in urls]
+
+    def start(self) -> None:
+        for s in self.servers:
+            s.start()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.servers))
+
+    async def catalogue(self) -> dict[str, UpstreamTool]:
+        """Tool name -> tool, over every server that answers."""
+        found = await asyncio.gather(*(s.tools() for s in self.servers))
+        out: dict[str, UpstreamTool] = {}
+        for server, tools in zip(self.servers, found, strict=True):
+            for tool in tools:
+                out.setdefault(tool.name, UpstreamTool(server=server.url, tool=tool))
+        return out
+
+    async def call(
+        self, call: ToolCall, arguments: dict[str, Any], tool: UpstreamTool
+    ) -> ToolResult:
+        """Call one tool; a failure becomes a failed result with the reason."""
+        server = next(s for s in self.servers if s.url == tool.server)
+        started = time.monotonic()
+        error = ""
+        for attempt in range(2):
+            try:
+                client = await server.client()
+                result = await client.call_tool(call.name, arguments)
+                return ToolResult(
+                    call_id=call.id,
+                    name=call.name,
+                    content=result_text(result),
+                    ok=not result.is_error,
+                    seconds=time.monotonic() - started,
+                )
+            except Exception as exc:  # the session broke: reconnect once, then report it
+                error = f"{type(exc).__name__}: {exc}"
+                log.warning("upstream.call_failed", tool=call.name, attempt=attempt, error=error)
+                server.reconnect()
+        return ToolResult(
+            call_id=call.id,
+            name=call.name,
+            content=f"Error: tool {call.name} failed: {error}",
+            ok=False,
+            seconds=time.monotonic() - started,
+        )
+
+
+def result_text(result: CallToolResult) -> str:
+    """A tool result as the text the model reads."""
+    parts = []
+    for item in result.content:
+        if isinstance(item, TextContent):
+            parts.append(item.text)
+        else:
+            parts.append(json.dumps(item.model_dump(mode="json", exclude_none=True)))
+    if not parts and result.structured_content is not None:
+        parts.append(json.dumps(result.structured_content))
+    return "\n".join(parts)

@@ -1,0 +1,116 @@
+"""The journal: its incremental parser (torn lines), replay, and the golden journals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from luftpause.runtime import journal as j
+from luftpause.runtime import machine as m
+from luftpause.runtime.store import JournalFile
+from tests.runtime.make_golden import GOLDEN, expected
+
+SPEC = m.RunSpec(handle="run-1", task="rivers", model="sim")
+
+
+def lines(*records: dict[str, object]) -> bytes:
+    return b"".join(j.encode(r) for r in records)
+
+
+def round_record(n: int) -> dict[str, object]:
+    call = m.ToolCall(id=f"c{n}", name="lookup", arguments="{}")
+    d = m.RecordRound(
+        round=n,
+        assistant=m.assistant_message(None, (call,)),
+        results=(m.ToolResult(call_id=f"c{n}", name="lookup", content="r"),),
+        usage=m.Usage(turns=1, prompt_tokens=5),
+    )
+    return j.round_record("run-1", d)
+
+
+def test_every_record_is_one_versioned_line_with_a_run_id() -> None:
+    data = j.encode(j.spawned_record(SPEC))
+    assert data.endswith(b"\n") and data.count(b"\n") == 1
+    record = json.loads(data)
+    assert record["v"] == 1 and record["run"] == "run-1" and record["type"] == "spawned"
+
+
+def test_records_fed_a_byte_at_a_time_come_out_whole() -> None:
+    data = lines(j.spawned_record(SPEC), round_record(1))
+    decoder = j.JournalDecoder()
+    out = [rec for i in range(len(data)) for rec in decoder.feed(data[i : i + 1])]
+    assert out + decoder.flush() == [j.spawned_record(SPEC), round_record(1)]
+
+
+def test_a_torn_last_line_is_dropped_without_losing_the_records_before_it() -> None:
+    data = lines(j.spawned_record(SPEC), round_record(1)) + j.encode(round_record(2))[:-9]
+    decoder = j.JournalDecoder()
+    records = decoder.feed(data) + decoder.flush()
+    assert records == [j.spawned_record(SPEC), round_record(1)]
+    assert decoder.torn > 0
+
+
+def test_a_damaged_line_in_the_middle_is_skipped() -> None:
+    data = lines(j.spawned_record(SPEC)) + b'{"v":1,"ty\n' + lines(round_record(1))
+    decoder = j.JournalDecoder()
+    assert len(decoder.feed(data)) == 2 and decoder.skipped == 1
+
+
+def test_a_record_of_another_format_version_is_refused() -> None:
+    with pytest.raises(j.JournalError, match="version 2"):
+        j.JournalDecoder().feed(b'{"v":2,"type":"spawned","run":"x"}\n')
+
+
+def test_replay_rebuilds_an_unfinished_run_at_its_last_complete_round() -> None:
+    state = j.replay([j.spawned_record(SPEC), round_record(1), round_record(2)]).runs["run-1"]
+    assert state.phase is m.Phase.RUNNING and state.rounds == 2
+    assert [msg["role"] for msg in state.messages] == ["user", "assistant", "tool"] * 1 + [
+        "assistant",
+        "tool",
+    ]
+    assert state.usage.prompt_tokens == 10
+    assert isinstance(m.next_decision(state), m.StartTurn)
+
+
+def test_replay_ignores_a_repeated_round_and_records_of_unknown_runs() -> None:
+    replayed = j.replay(
+        [j.spawned_record(SPEC), round_record(1), round_record(1), {**round_record(1), "run": "x"}]
+    )
+    assert replayed.runs["run-1"].rounds == 1 and replayed.ignored == 2
+
+
+def test_replay_of_a_finished_run_keeps_its_result_and_ignores_later_records() -> None:
+    finished = j.finished_record(
+        "run-1", m.RecordFinished(phase=m.Phase.FINISHED, result="done", error=None)
+    )
+    replayed = j.replay([j.spawned_record(SPEC), round_record(1), finished, round_record(2)])
+    state = replayed.runs["run-1"]
+    assert (state.phase, state.result, state.tool_calls) == (m.Phase.FINISHED, "done", 1)
+    assert replayed.ignored == 1
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("*.jsonl")), ids=lambda p: p.stem)
+def test_replay_of_a_golden_journal_gives_the_recorded_state(path: Path) -> None:
+    recorded = json.loads(path.with_suffix(".state.json").read_text())
+    assert expected(path) == recorded
+
+
+def test_replay_is_the_same_every_time() -> None:
+    path = GOLDEN / "tree_with_torn_tail.jsonl"
+    assert expected(path) == expected(path)
+
+
+async def test_opening_a_journal_cuts_a_torn_tail_so_the_next_record_starts_a_clean_line(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.jsonl"
+    path.write_bytes(lines(j.spawned_record(SPEC)) + j.encode(round_record(1))[:20])
+    store = JournalFile(tmp_path)
+    assert store.open() == [j.spawned_record(SPEC)]
+    await store.append(round_record(1))
+    store.close()
+    again = JournalFile(tmp_path)
+    assert again.open() == [j.spawned_record(SPEC), round_record(1)]
+    again.close()

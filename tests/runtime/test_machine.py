@@ -1,0 +1,90 @@
+"""The run state machine: pure, no event loop."""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.runtime import machine as m
+
+
+def spec(**kw: object) -> m.RunSpec:
+    return m.RunSpec(**({"handle": "run-1", "task": "rivers", "model": "sim"} | kw))  # type: ignore[arg-type]
+
+
+def call(i: int, name: str = "lookup") -> m.ToolCall:
+    return m.ToolCall(id=f"c{i}", name=name, arguments='{"query": "x"}')
+
+
+def result(i: int, ok: bool = True) -> m.ToolResult:
+    return m.ToolResult(call_id=f"c{i}", name="lookup", content=f"r{i}", ok=ok, seconds=0.5)
+
+
+USAGE = m.Usage(turns=1, prompt_tokens=10, completion_tokens=5, turn_seconds=0.1)
+
+
+def test_a_new_run_asks_for_a_turn_with_tools_and_its_system_prompt_first() -> None:
+    state = m.start(spec(system="be brief"))
+    decision = m.next_decision(state)
+    assert isinstance(decision, m.StartTurn) and decision.offer_tools
+    assert [msg["role"] for msg in decision.messages] == ["system", "user"]
+
+
+def test_a_reply_with_a_tool_call_leads_to_calling_it_then_recording_the_round() -> None:
+    state = m.start(spec())
+    state, ds = m.step(state, m.TurnCompleted(content=None, tool_calls=(call(1),), usage=USAGE))
+    assert state.phase is m.Phase.TOOLS and ds == (m.CallTools(calls=(call(1),)),)
+    state, ds = m.step(state, m.ToolsReturned(results=(result(1, ok=False),)))
+    assert state.phase is m.Phase.RUNNING
+    assert (state.rounds, state.tool_calls, state.failed_tool_calls) == (1, 1, 1)
+    [record] = ds
+    assert isinstance(record, m.RecordRound) and record.round == 1 and record.usage == USAGE
+    assert [msg["role"] for msg in state.messages] == ["user", "assistant", "tool"]
+
+
+def test_a_reply_without_tool_calls_finishes_the_run_with_its_text() -> None:
+    state, ds = m.step(m.start(spec()), m.TurnCompleted(content="done", usage=USAGE))
+    assert state.phase is m.Phase.FINISHED and state.result == "done"
+    assert ds == (m.RecordFinished(phase=m.Phase.FINISHED, result="done", error=None, usage=USAGE),)
+    assert state.usage.turns == 1 and m.next_decision(state) is None
+
+
+def test_once_the_tool_budget_is_spent_the_model_is_offered_no_tools() -> None:
+    state = m.start(spec(max_tool_calls=1))
+    state, _ = m.step(state, m.TurnCompleted(content=None, tool_calls=(call(1),)))
+    state, _ = m.step(state, m.ToolsReturned(results=(result(1),)))
+    decision = m.next_decision(state)
+    assert isinstance(decision, m.StartTurn) and not decision.offer_tools
+    # A model that asks anyway gets no call: the reply ends the run.
+    state, _ = m.step(state, m.TurnCompleted(content="x", tool_calls=(call(2),)))
+    assert state.phase is m.Phase.FINISHED and state.tool_calls == 1
+
+
+def test_without_parallel_tool_calls_only_the_first_call_of_a_reply_runs() -> None:
+    two = m.TurnCompleted(content=None, tool_calls=(call(1), call(2)))
+    _, ds = m.step(m.start(spec()), two)
+    assert ds == (m.CallTools(calls=(call(1),)),)
+    _, ds = m.step(m.start(spec(parallel_tool_calls=True)), two)
+    assert ds == (m.CallTools(calls=(call(1), call(2))),)
+
+
+def test_a_round_needs_one_result_per_pending_call() -> None:
+    state, _ = m.step(m.start(spec()), m.TurnCompleted(content=None, tool_calls=(call(1),)))
+    with pytest.raises(ValueError, match="exactly one result"):
+        m.step(state, m.ToolsReturned(results=(result(2),)))
+
+
+def test_cancel_and_failure_end_the_run_and_later_events_change_nothing() -> None:
+    cancelled, ds = m.step(m.start(spec()), m.Cancel(reason="cancelled"))
+    assert cancelled.phase is m.Phase.CANCELLED and cancelled.error == "cancelled"
+    assert isinstance(ds[0], m.RecordFinished)
+    assert m.step(cancelled, m.TurnCompleted(content="late")) == (cancelled, ())
+    failed, _ = m.step(m.start(spec()), m.TurnFailed(error="boom"))
+    assert failed.phase is m.Phase.FAILED and m.summary(failed)["error"] == "boom"
+
+
+def test_a_spec_checks_its_input() -> None:
+    with pytest.raises(ValueError, match="serviceClass"):
+        spec(service_class="urgent")
+    with pytest.raises(ValueError, match="at least 0"):
+        spec(max_tool_calls=-1)
+    assert m.RunSpec.from_json(spec(tools=("lookup",)).to_json()) == spec(tools=("lookup",))
