@@ -74,6 +74,7 @@ class Stack:
 @asynccontextmanager
 async def running_stack(
     transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
+    token: bytes | None = None,
 ) -> AsyncIterator[Stack]:
     engine = FakeEngine()
     engine_runner, engine_url = await start_engine(engine)
@@ -85,6 +86,7 @@ async def running_stack(
         api_keys={"engine-a": ENGINE_KEY},
         transport_factory=transport_factory,
         reconnect_delay=0.05,
+        token=token,
     )
     runner, port = await start_server(app, "127.0.0.1", 0)
     http = aiohttp.ClientSession()

@@ -15,10 +15,17 @@ from aiohttp import web
 
 from luftpause.dataplane import wire
 from luftpause.dataplane.context import DATAPLANE, DEFAULT_MAX_BODY_BYTES, Dataplane
+from luftpause.dataplane.decide import decide
+from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.forwarding import RUN_ID_HEADER
-from luftpause.dataplane.identity import ToolCallMemory
+from luftpause.dataplane.identity import ToolCallMemory, check_run_id
 from luftpause.dataplane.link import RECONNECT_SECONDS, SchedulerLink
-from luftpause.dataplane.middleware import error_middleware
+from luftpause.dataplane.middleware import (
+    auth_middleware,
+    error_middleware,
+    identity_middleware,
+    json_error,
+)
 from luftpause.dataplane.proxy import chat_completions
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
@@ -36,7 +43,12 @@ async def list_models(request: web.Request) -> web.Response:
 async def end_run(request: web.Request) -> web.Response:
     """`DELETE /v1/runs/{id}`: the agent says the run is over; forget it here and there."""
     dp = request.app[DATAPLANE]
-    run_id = request.match_info["id"]
+    try:
+        run_id = check_run_id(request.match_info["id"])
+    except BadRequest as exc:
+        return json_error(400, exc.message)
+    if not run_id:
+        return json_error(400, "the run id must not be empty")
     dp.link.report(wire.run_ended(run_id))
     dp.runs.end_run(run_id)
     dp.memory.forget_run(run_id)
@@ -68,10 +80,15 @@ def build_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
     reconnect_delay: float = RECONNECT_SECONDS,
+    token: bytes | None = None,
 ) -> web.Application:
-    """The app; the link and the engine transport open on startup and close on cleanup."""
+    """The app; the link and the engine transport open on startup and close on cleanup.
+
+    With `token`, every route but `/health` and `/metrics` needs `Authorization: Bearer`.
+    """
     runs = RunTable()
-    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+    guards = [error_middleware, *([auth_middleware(token)] if token else []), identity_middleware]
+    app = web.Application(middlewares=guards, client_max_size=max_body_bytes)
     link = SchedulerLink(
         target=scheduler, dataplane_id=dataplane_id, runs=runs, reconnect_delay=reconnect_delay
     )
@@ -98,6 +115,7 @@ def build_app(
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/decide", decide)
     app.router.add_get("/v1/models", list_models)
     app.router.add_delete("/v1/runs/{id}", end_run)
     app.router.add_get("/health", health)

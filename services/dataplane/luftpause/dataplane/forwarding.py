@@ -41,20 +41,50 @@ _NOT_UPSTREAM = _HOP_BY_HOP | {
 _NOT_DOWNSTREAM = _HOP_BY_HOP | {"content-length", "date", "server"}
 
 
-def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
-    """The model and messages of a chat completion request; `BadRequest` if malformed."""
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object; `BadRequest` if it is anything else."""
     try:
         doc = json.loads(body)
     except ValueError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(doc, dict):
         raise BadRequest("request body must be a JSON object")
+    return doc
+
+
+def require_model(doc: Mapping[str, Any]) -> str:
+    """The request's `model`; `BadRequest` unless a non-empty string."""
     model = doc.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string")
+    return model
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
+    """The model and messages of a chat completion request; `BadRequest` if malformed.
+
+    Checked: what the dataplane reads (model, messages) and the obviously wrong types of the
+    fields that decide how the reply comes back (stream, max_tokens); the rest is the engine's.
+    """
+    doc = parse_json_object(body)
+    model = require_model(doc)
     messages = doc.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
+    if not all(isinstance(m, dict) for m in messages):
+        raise BadRequest("every entry of 'messages' must be an object")
+    if doc.get("stream") is not None and not isinstance(doc["stream"], bool):
+        raise BadRequest("'stream' must be true or false")
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = doc.get(name)
+        if value is not None and not (_is_int(value) and value >= 0):
+            raise BadRequest(f"'{name}' must be a non-negative integer")
     return model, messages
 
 
@@ -66,6 +96,8 @@ def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[st
         low = name.lower()
         if low in _NOT_UPSTREAM or low.startswith("x-luftpause-"):
             continue
+        if not _encodable(value):
+            continue  # bytes that were not UTF-8 (surrogate escapes): not ours to pass on
         has_type = has_type or low == "content-type"
         headers[name] = value
     if not has_type:
@@ -74,6 +106,16 @@ def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[st
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
+
+
+def _encodable(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def downstream_headers(engine: Iterable[tuple[str, str]], run_id: str) -> list[tuple[str, str]]:

@@ -8,6 +8,7 @@ ids it echoes back in its `role: "tool"` messages.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from enum import IntEnum
 from typing import Any
@@ -16,6 +17,8 @@ from luftpause.dataplane.errors import BadRequest
 
 TOOL_CALL_MEMORY_SECONDS = 30 * 60
 CALLER_MAX_BYTES = 128
+RUN_ID_MAX_BYTES = 256
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class ServiceClass(IntEnum):
@@ -38,6 +41,28 @@ def parse_service_class(raw: str | None) -> ServiceClass:
         raise BadRequest(
             f"x-luftpause-class must be 'interactive' or 'batch', got {raw[:64]!r}"
         ) from None
+
+
+def check_run_id(raw: str | None) -> str:
+    """A run id without surrounding space; `BadRequest` unless UTF-8 within 256 bytes and
+    free of control characters.
+
+    A run id goes to the scheduler (protobuf strings must be UTF-8) and back in every response
+    header (where aiohttp refuses control characters), so one that is not valid UTF-8 (surrogate
+    escapes), holds a control character (possible in a URL path) or is very long is refused.
+    """
+    run_id = (raw or "").strip()
+    try:
+        size = len(run_id.encode())
+    except UnicodeEncodeError:
+        raise BadRequest("the run id (x-luftpause-run-id) must be valid UTF-8") from None
+    if size > RUN_ID_MAX_BYTES:
+        raise BadRequest(
+            f"the run id (x-luftpause-run-id) must be at most {RUN_ID_MAX_BYTES} bytes"
+        )
+    if _CONTROL.search(run_id):
+        raise BadRequest("the run id (x-luftpause-run-id) must not contain control characters")
+    return run_id
 
 
 def cut_caller(raw: str | None) -> str:

@@ -16,6 +16,7 @@ from luftpause.common.config import Config, ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.dataplane.app import build_app, start_server
+from luftpause.dataplane.auth import TOKEN_ENV, token_from_env
 from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES
 
 
@@ -48,14 +49,23 @@ def engine_keys(config: Config, environ: Mapping[str, str] | None = None) -> dic
     return {e.id: key for e in config.endpoints if (key := e.api_key(environ))}
 
 
-async def serve(args: argparse.Namespace, api_keys: Mapping[str, str], stop: asyncio.Event) -> None:
+async def serve(
+    args: argparse.Namespace,
+    api_keys: Mapping[str, str],
+    stop: asyncio.Event,
+    environ: Mapping[str, str] | None = None,
+) -> None:
     """Run the dataplane until `stop` is set."""
     log = setup_logging("dataplane")
+    token = token_from_env(os.environ if environ is None else environ)
+    if token is None:
+        log.warning(f"auth is off: {TOKEN_ENV} is not set, every client is accepted")
     app = build_app(
         scheduler=args.scheduler,
         dataplane_id=args.dataplane_id,
         api_keys=api_keys,
         max_body_bytes=args.max_body_bytes,
+        token=token,
     )
     runner, port = await start_server(app, args.host, args.port)
     log.info(
@@ -65,6 +75,7 @@ async def serve(args: argparse.Namespace, api_keys: Mapping[str, str], stop: asy
         scheduler=args.scheduler,
         dataplane_id=args.dataplane_id,
         engine_keys=sorted(api_keys),
+        auth=token is not None,
     )
     try:
         await stop.wait()

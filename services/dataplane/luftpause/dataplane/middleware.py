@@ -1,20 +1,31 @@
-"""Error bodies: every error a client sees is `{"error": {"message": ...}}`, never HTML.
+"""The request guards: JSON error bodies, bearer auth, the identity headers' checks.
 
-Shell module. Handlers return their expected errors themselves (they know the run id); the
-middleware catches the rest: aiohttp's own 404 / 405 / 413, our errors raised past a handler,
-and anything unexpected, which is logged with its stack and answered 500 without it.
+Shell module. In `build_app` order, outermost first:
+
+- `error_middleware`: every error a client sees is `{"error": {"message": ...}}`, never HTML.
+  Handlers return their expected errors themselves (they know the run id); this catches the
+  rest: aiohttp's own 404 / 405 / 413, our errors raised past a handler, and anything
+  unexpected, which is logged with its stack and answered 500 without it.
+- `auth_middleware(token)`: 401 with `WWW-Authenticate: Bearer` unless the request carries the
+  token (the decision is `auth.bearer_ok`); `/health` and `/metrics` stay open.
+- `identity_middleware`: a run id that is not UTF-8 or too long, or an unknown class, is a 400
+  before any handler reads it (aiohttp hands header bytes that are not UTF-8 over as surrogate
+  escapes, which protobuf refuses to encode).
 """
 
 from __future__ import annotations
 
 import json
+from uuid import uuid4
 
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 
+from luftpause.dataplane.auth import CHALLENGE, bearer_ok, protected
 from luftpause.dataplane.errors import DataplaneError
-from luftpause.dataplane.forwarding import RUN_ID_HEADER
+from luftpause.dataplane.forwarding import CLASS_HEADER, RUN_ID_HEADER
+from luftpause.dataplane.identity import check_run_id, parse_service_class
 
 log = structlog.get_logger("luftpause.dataplane")
 
@@ -63,3 +74,33 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unexpected error", method=request.method, path=request.path)
         return json_error(500, "internal error in the dataplane")
+
+
+def auth_middleware(token: bytes) -> Middleware:
+    """Require `Authorization: Bearer <token>` everywhere but the open paths."""
+
+    @web.middleware
+    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if protected(request.path) and not bearer_ok(request.headers.get("Authorization"), token):
+            log.info("unauthorized request", method=request.method, path=request.path)
+            return json_error(
+                401,
+                "missing or invalid bearer token (Authorization: Bearer <token>)",
+                headers=dict(CHALLENGE),
+            )
+        return await handler(request)
+
+    return check_token
+
+
+@web.middleware
+async def identity_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """400 for an identity header no handler could use."""
+    if not request.path.startswith("/v1/"):
+        return await handler(request)
+    try:
+        check_run_id(request.headers.get(RUN_ID_HEADER))
+        parse_service_class(request.headers.get(CLASS_HEADER))
+    except DataplaneError as exc:
+        return json_error(exc.status, exc.message, run_id=uuid4().hex)
+    return await handler(request)
