@@ -1,0 +1,254 @@
+"""Interactive runs under a batch flood: luftpause against the SGLang router, arm by arm.
+
+Run: `.venv/bin/python -m bench.flood [--window-s 60] [--repeats 2] [--time-scale 20]`.
+Every arm runs against two fresh engine simulators with the same parameters (calibrated
+defaults, see testkit/README.md), the same closed-loop workload (`luftpause loadgen`: 48 batch
+and 4 interactive agents, 8,000-character contexts, up to 3 tool calls per run, a 1 s tool in
+simulated time) and the same simulated window. Arms:
+
+- sglang-router, cache_aware (pip install sglang-router), the class-blind router people use;
+- sglang-router, round_robin;
+- luftpause with runs free to move (`scheduler --no-affinity`, an ablation);
+- luftpause (strict run affinity, the default).
+
+Writes bench/results/flood.json and prints a Markdown table. Repeats alternate arms so drift
+on this noisy machine hits every arm alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.common import write_result
+from luftpause.testkit.loadgen import Workload, run_workload
+from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import SIM_MODEL
+
+# A GPU-class engine (the seed's test bed was SGLang with a 1B model on a laptop GPU), not the
+# CPU llama.cpp calibration: with CPU speeds this workload never finishes a run in a window.
+GPU_PROFILE = (
+    "--prefill-ms-per-token",
+    "0.1",
+    "--decode-base-ms",
+    "15",
+    "--decode-ms-per-seq",
+    "0.3",
+)
+ARMS = ("router-cache_aware", "router-round_robin", "luftpause-free", "luftpause")
+
+
+async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: list[str]) -> str:
+    port = free_port()
+    log = open(workdir / f"router-{policy}.log", "ab")  # noqa: SIM115
+    exits.callback(log.close)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        policy,
+        "--worker-urls",
+        *engines,
+        "--log-level",
+        "warn",
+        stdout=log,
+        stderr=log,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+
+    async def stop() -> None:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(10):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+    exits.push_async_callback(stop)
+    url = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as s, asyncio.timeout(60):
+        while True:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with s.get(url + "/v1/models") as resp:
+                    if resp.status == 200:
+                        return url + "/v1"
+            await asyncio.sleep(0.2)
+
+
+async def _spawn(
+    exits: AsyncExitStack, workdir: Path, name: str, args: list[str], ready: str
+) -> None:
+    proc = await Proc(args, name=name, log_path=workdir / f"{name}.log").start()
+    exits.push_async_callback(proc.stop)
+    await proc.wait_http(ready, timeout=60)
+
+
+async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    async with AsyncExitStack() as exits:
+        engines = []
+        for i in range(2):
+            port = free_port()
+            await _spawn(
+                exits,
+                workdir,
+                f"{arm}-e{i}",
+                [
+                    "fake-engine",
+                    "--port",
+                    str(port),
+                    "--id",
+                    f"e{i}",
+                    "--model",
+                    SIM_MODEL,
+                    "--time-scale",
+                    str(args.time_scale),
+                    "--kv-tokens",
+                    str(args.kv_tokens),
+                ],
+                f"http://127.0.0.1:{port}/health",
+            )
+            engines.append(f"http://127.0.0.1:{port}")
+        if arm.startswith("router-"):
+            base_url = await _router(exits, workdir, arm.split("-", 1)[1], engines)
+        else:
+            config = workdir / f"{arm}.yaml"
+            config.write_text(
+                "endpoints:\n"
+                + "".join(
+                    f"  - id: e{i}\n    url: {url}\n    models: [{SIM_MODEL}]\n"
+                    for i, url in enumerate(engines)
+                )
+            )
+            grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
+            extra = ["--no-affinity"] if arm == "luftpause-free" else []
+            await _spawn(
+                exits,
+                workdir,
+                f"{arm}-scheduler",
+                [
+                    "scheduler",
+                    "--config",
+                    str(config),
+                    "--grpc-port",
+                    str(grpc_port),
+                    "--http-port",
+                    str(http_port),
+                    *extra,
+                ],
+                f"http://127.0.0.1:{http_port}/health",
+            )
+            await _spawn(
+                exits,
+                workdir,
+                f"{arm}-dataplane",
+                ["dataplane", "--port", str(dp_port), "--scheduler", f"127.0.0.1:{grpc_port}"],
+                f"http://127.0.0.1:{dp_port}/health",
+            )
+            base_url = f"http://127.0.0.1:{dp_port}/v1"
+            await asyncio.sleep(2.5)  # one probe period, so the scheduler has seen the engines
+        wl = Workload(
+            base_url=base_url,
+            model=SIM_MODEL,
+            interactive=args.interactive,
+            batch=args.batch,
+            context_chars=args.context_chars,
+            tool_calls=args.tool_calls,
+            tool_seconds=1.0 / args.time_scale,
+            window_s=args.window_s,
+            seed=args.seed,
+            callers=4,
+        )
+        result = await run_workload(wl)
+        return result["summary"]
+
+
+def _scale(summary: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """Express rates and durations in simulated time (what the engines model)."""
+    out: dict[str, Any] = {}
+    for cls, s in summary.items():
+        out[cls] = {**s, "runs_per_min": round(s["runs_per_min"] / time_scale, 2)}
+        for key in ("run_time_p50_s", "run_time_p99_s", "ttft_p50_s", "ttft_p99_s"):
+            if s[key] is not None:
+                out[cls][key] = round(s[key] * time_scale, 2)
+    return out
+
+
+def table(results: dict[str, list[dict[str, Any]]]) -> str:
+    rows = [
+        "| arm | interactive runs/min | interactive run time p50 / p99 (s) | batch runs/min "
+        "| TTFT p50 interactive / batch (s) | cached prompt share | Jain (batch callers) "
+        "| errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for arm, reps in results.items():
+
+        def med(cls: str, key: str, reps: list[dict[str, Any]] = reps) -> str:
+            vals = [r[cls][key] for r in reps if r[cls][key] is not None]
+            return f"{statistics.median(vals):g}" if vals else "-"
+
+        ia = " / ".join(str(r["interactive"]["runs_per_min"]) for r in reps)
+        ba = " / ".join(str(r["batch"]["runs_per_min"]) for r in reps)
+        errors = sum(r[c]["errors"] for r in reps for c in ("interactive", "batch"))
+        rows.append(
+            f"| {arm} | {ia} | {med('interactive', 'run_time_p50_s')} / "
+            f"{med('interactive', 'run_time_p99_s')} | {ba} | "
+            f"{med('interactive', 'ttft_p50_s')} / {med('batch', 'ttft_p50_s')} | "
+            f"{med('batch', 'cached_share')} | {med('batch', 'jain_callers')} | "
+            f"{errors} |"
+        )
+    return "\n".join(rows)
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-flood-"))
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
+    for rep in range(args.repeats):
+        for arm in args.arms:
+            summary = _scale(await one_arm(arm, args, workdir), args.time_scale)
+            results[arm].append(summary)
+            print(
+                f"repeat {rep + 1} {arm}: interactive "
+                f"{summary['interactive']['runs_per_min']}/min, batch "
+                f"{summary['batch']['runs_per_min']}/min",
+                flush=True,
+            )
+    return {"results": results, "table": table(results), "logs": str(workdir)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--window-s", type=float, default=180.0, help="real seconds per arm")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--time-scale", type=float, default=4.0)
+    p.add_argument("--kv-tokens", type=int, default=40000)
+    p.add_argument("--interactive", type=int, default=4)
+    p.add_argument("--batch", type=int, default=48)
+    p.add_argument("--context-chars", type=int, default=8000)
+    p.add_argument("--tool-calls", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    out = asyncio.run(main_async(args))
+    path = write_result("flood", {"benchmark": "flood", "args": vars(args), **out})
+    print(out["table"])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
