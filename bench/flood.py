@@ -120,6 +120,7 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
                     str(args.time_scale),
                     "--kv-tokens",
                     str(args.kv_tokens),
+                    *GPU_PROFILE,
                 ],
                 f"http://127.0.0.1:{port}/health",
             )
