@@ -120,6 +120,8 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
                     str(args.time_scale),
                     "--kv-tokens",
                     str(args.kv_tokens),
+                    "--max-running",
+                    str(args.max_running),
                     *GPU_PROFILE,
                 ],
                 f"http://127.0.0.1:{port}/health",
@@ -238,7 +240,8 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=180.0, help="real seconds per arm")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=4.0)
-    p.add_argument("--kv-tokens", type=int, default=40000)
+    p.add_argument("--kv-tokens", type=int, default=150000)
+    p.add_argument("--max-running", type=int, default=12, help="engine batch cap")
     p.add_argument("--interactive", type=int, default=4)
     p.add_argument("--batch", type=int, default=48)
     p.add_argument("--context-chars", type=int, default=8000)
