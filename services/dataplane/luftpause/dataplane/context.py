@@ -45,6 +45,7 @@ class Dataplane:
         service_class: ServiceClass,
         caller: str,
         request_bytes: int,
+        single_pass: bool = False,
     ) -> Turn:
         """A turn wired to this process's link, tables and metrics."""
         return Turn(
@@ -54,6 +55,7 @@ class Dataplane:
             service_class=service_class,
             caller=caller,
             request_bytes=request_bytes,
+            single_pass=single_pass,
             report=self.link.report,
             runs=self.runs,
             memory=self.memory,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Protocol
 from uuid import uuid4
 
 import structlog
@@ -28,7 +27,6 @@ from aiohttp import web
 from luftpause.dataplane import wire
 from luftpause.dataplane.context import DATAPLANE, Dataplane
 from luftpause.dataplane.errors import (
-    BodyTooLarge,
     DataplaneError,
     EngineStreamBroken,
     EngineUnreachable,
@@ -51,29 +49,14 @@ from luftpause.dataplane.labels import (
     score_labels,
 )
 from luftpause.dataplane.middleware import json_error
-from luftpause.dataplane.reply import ReplySummary, summarize_completion
-from luftpause.dataplane.single_pass import SinglePassTurn
+from luftpause.dataplane.proxy import read_body
+from luftpause.dataplane.reply import summarize_completion
+from luftpause.dataplane.turn import Turn
 from luftpause.rpc import scheduler_pb2 as pb
 
 CLIENT_GONE = "client disconnected"
 
 log = structlog.get_logger("luftpause.dataplane.decide")
-
-
-class _Turn(Protocol):
-    """What this module needs of `turn.Turn` and `SinglePassTurn`."""
-
-    turn_id: str
-    replica_id: str
-    response_bytes: int
-    service_class: ServiceClass
-
-    def placed(self, replica_id: str) -> None: ...
-    def started(self) -> None: ...
-    def finished(self, summary: ReplySummary) -> None: ...
-    def failed(self, reason: str) -> None: ...
-    def rejected(self) -> None: ...
-    def close(self, reason: str) -> None: ...
 
 
 class _Reply:
@@ -105,17 +88,6 @@ async def decide(request: web.Request) -> web.StreamResponse:
     return await _labels(request, dp, ask, run_id, caller, arrived)
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body; `BodyTooLarge` past `limit`."""
-    too_large = BodyTooLarge(f"request body is over the limit of {limit} bytes")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
-
-
 async def _classify(
     request: web.Request,
     dp: Dataplane,
@@ -125,8 +97,14 @@ async def _classify(
     caller: str,
     arrived: float,
 ) -> web.StreamResponse:
-    turn = SinglePassTurn(
-        turn_id=uuid4().hex, request_bytes=len(body), report=dp.link.report, metrics=dp.metrics
+    turn = dp.new_turn(
+        turn_id=uuid4().hex,
+        run_id="",
+        model=ask.model,
+        service_class=ServiceClass.INTERACTIVE,
+        caller=caller,
+        request_bytes=len(body),
+        single_pass=True,
     )
     admit = _admit_request(dp, turn, "", ask.model, caller)
     admit.single_pass = True
@@ -188,7 +166,7 @@ async def _labels(
 
 
 def _admit_request(
-    dp: Dataplane, turn: _Turn, run_id: str, model: str, caller: str
+    dp: Dataplane, turn: Turn, run_id: str, model: str, caller: str
 ) -> pb.AdmitRequest:
     return wire.admit_request(
         turn_id=turn.turn_id,
@@ -203,7 +181,7 @@ def _admit_request(
 async def _exchange(
     request: web.Request,
     dp: Dataplane,
-    turn: _Turn,
+    turn: Turn,
     admit: pb.AdmitRequest,
     path: str,
     body: bytes,

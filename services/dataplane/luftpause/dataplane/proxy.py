@@ -62,7 +62,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     dp = request.app[DATAPLANE]
     run_id = request.headers.get(RUN_ID_HEADER, "").strip()
     try:
-        body = await _read_body(request, dp.max_body_bytes)
+        body = await read_body(request, dp.max_body_bytes)
         model, messages = parse_turn_body(body)
         if not run_id:
             run_id = dp.memory.recognise(echoed_tool_call_ids(messages), dp.clock()) or ""
@@ -84,7 +84,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         turn.close(CLIENT_GONE)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body; `BodyTooLarge` past `limit`."""
     too_large = BodyTooLarge(f"request body is over the limit of {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
         raise too_large

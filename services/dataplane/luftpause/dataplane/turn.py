@@ -56,6 +56,7 @@ class Turn:
         "response_bytes",
         "run_id",
         "service_class",
+        "single_pass",
         "state",
         "turn_id",
     )
@@ -74,8 +75,12 @@ class Turn:
         memory: ToolCallMemory,
         metrics: Metrics,
         clock: Callable[[], float],
+        single_pass: bool = False,
     ) -> None:
         self.turn_id = turn_id
+        # A single-pass turn (/v1/decide on a classifier) is outside run state: empty run id,
+        # never in the run table (so not in a Resync: it lasts milliseconds).
+        self.single_pass = single_pass
         self.run_id = run_id
         self.model = model
         self.service_class = service_class
@@ -96,6 +101,8 @@ class Turn:
         self._expect(State.HELD)
         self.replica_id = replica_id
         self.state = State.PLACED
+        if self.single_pass:
+            return
         self._runs.turn_placed(
             TurnRecord(
                 turn_id=self.turn_id,
@@ -125,9 +132,10 @@ class Turn:
         self._expect(State.STARTED)
         self.state = State.ENDED
         now = self._clock()
-        if summary.tool_call_ids:
-            self._memory.remember(summary.tool_call_ids, self.run_id, now)
-        self._runs.turn_ended(self.turn_id, tool_paused=summary.tool_calls, now=now)
+        if not self.single_pass:
+            if summary.tool_call_ids:
+                self._memory.remember(summary.tool_call_ids, self.run_id, now)
+            self._runs.turn_ended(self.turn_id, tool_paused=summary.tool_calls, now=now)
         self._report(wire.finished(self.turn_id, self.run_id, summary))
         self._count("finished")
 
@@ -136,7 +144,8 @@ class Turn:
         if self.state not in (State.PLACED, State.STARTED):
             return
         self.state = State.ENDED
-        self._runs.turn_ended(self.turn_id, tool_paused=False, now=self._clock())
+        if not self.single_pass:
+            self._runs.turn_ended(self.turn_id, tool_paused=False, now=self._clock())
         self._report(wire.failed(self.turn_id, self.run_id, reason))
         self._count("failed")
 
