@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from luftpause.dataplane.auth import bearer_ok, protected, token_from_env
+from luftpause.common.auth import bearer_ok, protected, token_from_env
 from tests.dataplane.conftest import ENGINE_KEY, Stack, running_stack
 
 TOKEN = b"s3cret-token"

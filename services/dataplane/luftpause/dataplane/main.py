@@ -12,11 +12,11 @@ import socket
 import sys
 from collections.abc import Mapping
 
+from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.config import Config, ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.dataplane.app import build_app, start_server
-from luftpause.dataplane.auth import TOKEN_ENV, token_from_env
 from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES
 
 

@@ -1,9 +1,9 @@
-"""Bearer auth: with `LUFTPAUSE_TOKEN` set, every route but `/health` and `/metrics` needs it.
+"""Bearer auth shared by the dataplane and the runtime: `LUFTPAUSE_TOKEN` turns it on.
 
-Pure module: no I/O. The middleware in `middleware` asks `protected` and `bearer_ok`; `main`
-reads the token with `token_from_env` and warns when it is unset. Everything but the two open
-paths is protected (not just `/v1/...`), so a path the router does not know, or one spelled
-another way, can never slip past: it answers 401 before it could answer 404.
+Pure module: no I/O. Each service's middleware asks `protected` and `bearer_ok`; its `main`
+reads the token with `token_from_env` and warns when it is unset. Everything but the open
+paths is protected (not just `/v1/...` or `/mcp`), so a path the router does not know, or one
+spelled another way, can never slip past: it answers 401 before it could answer 404.
 """
 
 from __future__ import annotations
