@@ -49,6 +49,7 @@ soak: install
 	$(BIN)/pytest -q -m slow tests/soak
 
 bench: install
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench.scheduler_core
 	$(BIN)/python -m bench.admit_rtt
 	$(BIN)/python -m bench.overhead

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import AsyncExitStack
@@ -24,6 +26,7 @@ import aiohttp
 import uvloop
 
 from bench.common import percentiles, write_result
+from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
 
 INSTANT = (
@@ -93,16 +96,83 @@ def summarize(rounds: list[dict[str, Any]], key: str, stat: str) -> dict[str, fl
     }
 
 
+async def _peer(
+    stack: AsyncExitStack,
+    workdir: Path,
+    name: str,
+    program: list[str],
+    args: list[str],
+    ready: str,
+    env: dict[str, str] | None = None,
+) -> None:
+    proc = await Proc(
+        args, name=name, program=program, log_path=workdir / f"{name}.log", env=env
+    ).start()
+    stack.push_async_callback(proc.stop)
+    await proc.wait_http(ready, timeout=120)
+
+
+async def peers(stack: AsyncExitStack, workdir: Path, engine: str) -> dict[str, str]:
+    """The peers people would use instead, in front of the same engine, where installed."""
+    urls: dict[str, str] = {}
+    if importlib.util.find_spec("sglang_router") is not None:
+        port = free_port()
+        await _peer(
+            stack,
+            workdir,
+            "sglang-router",
+            [sys.executable, "-m", "sglang_router.launch_router"],
+            [
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                "round_robin",
+                "--worker-urls",
+                engine,
+                "--log-level",
+                "warn",
+            ],
+            f"http://127.0.0.1:{port}/v1/models",
+        )
+        urls["sglang-router"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+    litellm = Path(sys.executable).with_name("litellm")
+    if litellm.exists():
+        port = free_port()
+        config = workdir / "litellm.yaml"
+        config.write_text(
+            "model_list:\n  - model_name: " + SIM_MODEL + "\n    litellm_params:\n"
+            f"      model: openai/{SIM_MODEL}\n      api_base: {engine}/v1\n"
+            "      api_key: x\n"
+        )
+        await _peer(
+            stack,
+            workdir,
+            "litellm",
+            [str(litellm)],
+            ["--config", str(config), "--host", "127.0.0.1", "--port", str(port)],
+            f"http://127.0.0.1:{port}/health/liveliness",
+            env={
+                "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+                "LITELLM_TELEMETRY": "False",
+            },
+        )
+        urls["litellm"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+    return urls
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     async with AsyncExitStack() as stack:
-        local = await LocalStack(
-            Path(tempfile.mkdtemp(prefix="bench-overhead-")), engine_args=INSTANT, engines=1
-        ).start(stack)
+        workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
+        local = await LocalStack(workdir, engine_args=INSTANT, engines=1).start(stack)
         await local.wait_healthy()
         urls = {
             "direct": local.engine_url(0) + "/v1/chat/completions",
             "dataplane": local.base_url + "/chat/completions",
         }
+        if not args.no_peers:
+            urls.update(await peers(stack, workdir, local.engine_url(0)))
         out: dict[str, Any] = {}
         for concurrency in args.concurrency:
             for stream in (True, False):
@@ -127,12 +197,14 @@ def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         }
         for name, rs in per_arm.items()
     }
-    direct, proxied = per_arm["direct"], per_arm["dataplane"]
+    direct = per_arm["direct"]
     added = {
-        stat: round(
+        f"{name}_{stat}": round(
             statistics.median(p[key][q] - d[key][q] for d, p in zip(direct, proxied, strict=True)),
             3,
         )
+        for name, proxied in per_arm.items()
+        if name != "direct"
         for stat, key, q in (
             ("ttfb_p50", "ttfb", "p50"),
             ("ttfb_p99", "ttfb", "p99"),
@@ -148,6 +220,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=256, help="timed requests per arm per round")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    p.add_argument("--no-peers", action="store_true", help="skip sglang-router and LiteLLM")
     args = p.parse_args()
     result = uvloop.run(run(args))
     path = write_result(

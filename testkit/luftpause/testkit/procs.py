@@ -36,7 +36,7 @@ class ChildFailed(RuntimeError):
 
 
 class Proc:
-    """One child process running `luftpause <args>`."""
+    """One child process running `luftpause <args>` (or `program <args>`)."""
 
     def __init__(
         self,
@@ -47,8 +47,10 @@ class Proc:
         inherit_output: bool = False,
         own_session: bool = False,
         env: dict[str, str] | None = None,
+        program: Sequence[str] | None = None,
     ) -> None:
-        self.args = [luftpause_exe(), *args]
+        # `program` runs something other than `luftpause` (a peer such as sglang-router).
+        self.args = [*(program or [luftpause_exe()]), *args]
         self.name = name or args[0]
         self.log_path = log_path
         self.inherit_output = inherit_output
