@@ -114,3 +114,58 @@ async def test_opening_a_journal_cuts_a_torn_tail_so_the_next_record_starts_a_cl
     again = JournalFile(tmp_path)
     assert again.open() == [j.spawned_record(SPEC), round_record(1)]
     again.close()
+
+
+DELETE = m.ToolCall(id="d1", name="delete_record", arguments='{"record_id": "r1"}')
+
+
+def approval_journal(*, answered: bool) -> list[dict[str, object]]:
+    """A run that asked about delete_record; answered (declined) or not before a restart."""
+    state, _ = m.step(m.start(SPEC), m.TurnCompleted(content=None, tool_calls=(DELETE,)))
+    state, [turn] = m.step(state, m.ApprovalAsked(call_id="d1"))
+    records = [j.spawned_record(SPEC), j.record_of("run-1", turn)]
+    if answered:
+        _, [decided] = m.step(state, m.ApprovalDecided(call_id="d1", allow=False))
+        records.append(j.record_of("run-1", decided))
+    return [r for r in records if r is not None]
+
+
+def test_an_approval_answered_before_a_restart_is_replayed_and_not_asked_again() -> None:
+    state = j.replay(approval_journal(answered=True)).runs["run-1"]
+    assert state.phase is m.Phase.TOOLS and state.pending == (DELETE,)
+    assert state.approval("d1") is False
+
+
+def test_an_unanswered_approval_is_replayed_as_waiting_so_it_is_asked_again() -> None:
+    state = j.replay(approval_journal(answered=False)).runs["run-1"]
+    assert state.phase is m.Phase.AWAITING_APPROVAL and state.approval("d1") is None
+    assert m.summary(state)["pendingApproval"]["tool"] == "delete_record"
+    assert m.step(state, m.ApprovalAsked(call_id="d1")) == (state, ())
+
+
+def test_the_round_after_an_approval_completes_the_journaled_turn() -> None:
+    records = approval_journal(answered=True)
+    declined = m.ToolResult(call_id="d1", name="delete_record", content="Error: no", ok=False)
+    assistant = m.assistant_message(None, (DELETE,))
+    d = m.RecordRound(round=1, assistant=assistant, results=(declined,), usage=m.Usage())
+    state = j.replay([*records, j.round_record("run-1", d)]).runs["run-1"]
+    assert state.phase is m.Phase.RUNNING and state.failed_tool_calls == 1
+    assert state.approvals == () and not state.turn_recorded
+
+
+def test_a_tripped_budget_and_the_cancel_it_caused_replay_to_the_same_state() -> None:
+    spec = m.RunSpec(handle="run-1", task="t", model="sim", budget_tool_calls=0)
+    exceeded = m.Exceeded(which="toolCalls", used=1, limit=0)
+    records = [
+        j.spawned_record(spec),
+        round_record(1),
+        j.exceeded_record("run-1", m.RecordExceeded(exceeded=exceeded)),
+        j.finished_record(
+            "run-1",
+            m.RecordFinished(phase=m.Phase.CANCELLED, result=None, error=exceeded.reason, at=9.0),
+        ),
+    ]
+    state = j.replay(records).runs["run-1"]
+    assert state.exceeded == exceeded and state.phase is m.Phase.CANCELLED
+    assert state.error == "budget exceeded: toolCalls 1/0" and state.ended_at == 9.0
+    assert m.RunSpec.from_json(spec.to_json()) == spec

@@ -88,3 +88,40 @@ def test_a_spec_checks_its_input() -> None:
     with pytest.raises(ValueError, match="at least 0"):
         spec(max_tool_calls=-1)
     assert m.RunSpec.from_json(spec(tools=("lookup",)).to_json()) == spec(tools=("lookup",))
+
+
+def delete(i: int) -> m.ToolCall:
+    return m.ToolCall(id=f"c{i}", name="delete_record", arguments='{"record_id": "r1"}')
+
+
+def test_a_call_waiting_for_approval_shows_its_tool_and_arguments_and_journals_its_turn() -> None:
+    state, _ = m.step(m.start(spec()), m.TurnCompleted(content=None, tool_calls=(delete(1),)))
+    state, ds = m.step(state, m.ApprovalAsked(call_id="c1"))
+    assert state.phase is m.Phase.AWAITING_APPROVAL
+    [record] = ds
+    assert isinstance(record, m.RecordTurn) and record.round == 1 and record.asking == "c1"
+    out = m.summary(state)
+    assert out["state"] == "AwaitingApproval"
+    assert out["pendingApproval"] == {"tool": "delete_record", "arguments": {"record_id": "r1"}}
+    assert isinstance(m.next_decision(state), m.CallTools)
+
+
+def test_an_answer_is_recorded_and_the_next_question_of_the_round_journals_no_second_turn() -> None:
+    two = m.TurnCompleted(content=None, tool_calls=(delete(1), delete(2)))
+    state, _ = m.step(m.start(spec(parallel_tool_calls=True)), two)
+    state, _ = m.step(state, m.ApprovalAsked(call_id="c1"))
+    state, ds = m.step(state, m.ApprovalDecided(call_id="c1", allow=False))
+    assert ds == (m.RecordApproval(call_id="c1", tool="delete_record", allow=False),)
+    assert state.phase is m.Phase.TOOLS and state.approval("c1") is False
+    state, ds = m.step(state, m.ApprovalAsked(call_id="c2"))
+    assert ds == ()
+    with pytest.raises(ValueError, match="already decided"):
+        m.step(state, m.ApprovalDecided(call_id="c1", allow=True))
+
+
+def test_a_run_waiting_for_approval_can_be_cancelled() -> None:
+    state, _ = m.step(m.start(spec()), m.TurnCompleted(content=None, tool_calls=(delete(1),)))
+    state, _ = m.step(state, m.ApprovalAsked(call_id="c1"))
+    state, _ = m.step(state, m.Cancel(reason="budget exceeded: seconds 3.1/3", at=5.0))
+    assert state.phase is m.Phase.CANCELLED and state.ended_at == 5.0
+    assert "pendingApproval" not in m.summary(state)

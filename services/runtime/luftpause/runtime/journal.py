@@ -7,7 +7,13 @@ JSON object per line, each ending in a newline; every record carries the format 
     {"v":1,"type":"spawned","run":H,"spec":{...spawn's arguments, caller...}}
     {"v":1,"type":"round","run":H,"round":N,"assistant":{...},"results":[...],"usage":{...}}
     {"v":1,"type":"finished","run":H,"state":"finished|failed|cancelled","result":...,
-     "error":...,"usage":{...}}
+     "error":...,"usage":{...},"at":T}
+    {"v":1,"type":"turn","run":H,"round":N,"assistant":{...},"usage":{...},"asking":CALL}
+    {"v":1,"type":"approval","run":H,"call":CALL,"tool":NAME,"allow":true|false}
+    {"v":1,"type":"exceeded","run":H,"which":"tokens|toolCalls|seconds","used":U,"limit":L}
+
+A `turn` record is written only for a turn with a call that waits for the user's approval,
+before the first question of its round; the round record that completes it follows later.
 
 A record counts once its newline is on disk: a line without one is a write torn by a crash
 and is dropped, never the records before it. Replay folds the records through the state
@@ -87,7 +93,50 @@ def finished_record(handle: str, d: m.RecordFinished) -> dict[str, Any]:
         "result": d.result,
         "error": d.error,
         "usage": _usage_json(d.usage),
+        "at": d.at,
     }
+
+
+def turn_record(handle: str, d: m.RecordTurn) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "type": "turn",
+        "run": handle,
+        "round": d.round,
+        "assistant": d.assistant,
+        "usage": _usage_json(d.usage),
+        "asking": d.asking,
+    }
+
+
+def approval_record(handle: str, d: m.RecordApproval) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "type": "approval",
+        "run": handle,
+        "call": d.call_id,
+        "tool": d.tool,
+        "allow": d.allow,
+    }
+
+
+def exceeded_record(handle: str, d: m.RecordExceeded) -> dict[str, Any]:
+    return {"v": VERSION, "type": "exceeded", "run": handle, **d.exceeded.to_json()}
+
+
+def record_of(handle: str, d: m.Decision) -> dict[str, Any] | None:
+    """The journal record a decision asks for, None for decisions that are not recorded."""
+    if isinstance(d, m.RecordRound):
+        return round_record(handle, d)
+    if isinstance(d, m.RecordFinished):
+        return finished_record(handle, d)
+    if isinstance(d, m.RecordTurn):
+        return turn_record(handle, d)
+    if isinstance(d, m.RecordApproval):
+        return approval_record(handle, d)
+    if isinstance(d, m.RecordExceeded):
+        return exceeded_record(handle, d)
+    return None
 
 
 def encode(record: dict[str, Any]) -> bytes:
@@ -168,36 +217,80 @@ def _results(items: list[dict[str, Any]]) -> tuple[m.ToolResult, ...]:
 
 
 def apply(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
-    """One round or finished record applied to its run; None if it does not fit (ignored)."""
-    if record["type"] == "round":
-        if int(record["round"]) != state.rounds + 1 or state.phase is not m.Phase.RUNNING:
+    """One record applied to its run; None if it does not fit (ignored)."""
+    kind = record["type"]
+    if kind == "round":
+        return _apply_round(state, record)
+    if kind == "turn":
+        return _apply_turn(state, record)
+    if kind == "approval":
+        if state.phase not in (m.Phase.TOOLS, m.Phase.AWAITING_APPROVAL):
             return None
-        turn = m.TurnCompleted(
-            content=record["assistant"].get("content"),
-            tool_calls=_calls(record["assistant"]),
-            usage=_usage(record.get("usage")),
+        call = str(record["call"])
+        if all(c.id != call for c in state.pending) or state.approval(call) is not None:
+            return None
+        decided = m.ApprovalDecided(call_id=call, allow=bool(record["allow"]))
+        return m.step(state, decided)[0]
+    if kind == "exceeded":
+        exceeded = m.Exceeded(
+            which=str(record["which"]), used=float(record["used"]), limit=float(record["limit"])
         )
-        state, _ = m.step(state, turn)
-        if state.phase is not m.Phase.TOOLS:
-            return None
-        state, _ = m.step(state, m.ToolsReturned(results=_results(record["results"])))
-        return state
-    if record["type"] == "finished":
-        if state.phase.over:
-            return None
-        if state.phase is m.Phase.TOOLS:
-            return None
-        outcome = record["state"]
-        event: m.Event
-        if outcome == m.Phase.FINISHED.value:
-            event = m.TurnCompleted(content=record.get("result"), usage=_usage(record.get("usage")))
-        elif outcome == m.Phase.FAILED.value:
-            event = m.TurnFailed(error=str(record.get("error")))
-        else:
-            event = m.Cancel(reason=str(record.get("error") or "cancelled"))
-        state, _ = m.step(state, event)
-        return state
+        return m.step(state, m.BudgetExceeded(exceeded=exceeded))[0]
+    if kind == "finished":
+        return _apply_finished(state, record)
     return None
+
+
+def _turn(record: dict[str, Any]) -> m.TurnCompleted:
+    return m.TurnCompleted(
+        content=record["assistant"].get("content"),
+        tool_calls=_calls(record["assistant"]),
+        usage=_usage(record.get("usage")),
+    )
+
+
+def _apply_round(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    if int(record["round"]) != state.rounds + 1:
+        return None
+    if state.phase is m.Phase.RUNNING:
+        state, _ = m.step(state, _turn(record))
+    if state.phase is not m.Phase.TOOLS:
+        return None
+    results = _results(record["results"])
+    if {r.call_id for r in results} != {c.id for c in state.pending}:
+        return None
+    state, _ = m.step(state, m.ToolsReturned(results=results))
+    return state
+
+
+def _apply_turn(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    if int(record["round"]) != state.rounds + 1 or state.phase is not m.Phase.RUNNING:
+        return None
+    state, _ = m.step(state, _turn(record))
+    if state.phase is not m.Phase.TOOLS:
+        return None
+    state, _ = m.step(state, m.ApprovalAsked(call_id=str(record["asking"])))
+    return state
+
+
+def _apply_finished(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    if state.phase.over:
+        return None
+    outcome = record["state"]
+    at = float(record.get("at") or 0.0)
+    event: m.Event
+    if outcome == m.Phase.FINISHED.value:
+        if state.phase is not m.Phase.RUNNING:
+            return None
+        event = m.TurnCompleted(
+            content=record.get("result"), usage=_usage(record.get("usage")), at=at
+        )
+    elif outcome == m.Phase.FAILED.value:
+        event = m.TurnFailed(error=str(record.get("error")), at=at)
+    else:
+        event = m.Cancel(reason=str(record.get("error") or "cancelled"), at=at)
+    state, _ = m.step(state, event)
+    return state
 
 
 def replay(records: Iterable[dict[str, Any]]) -> Replayed:

@@ -1,4 +1,5 @@
-"""Model turns through the dataplane with the official `openai` client, and their retries.
+"""Model turns through the dataplane with the official `openai` client, and their retries;
+decisions through the dataplane's POST /v1/decide.
 
 Shell module (network I/O). A 429 is retried after its Retry-After (else 1 s) for as long as
 the run lives (cancelling the run's task ends the wait); any other failure is retried a few
@@ -8,6 +9,7 @@ times with backoff, then raised as `TurnError` and the run fails with it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -122,12 +124,54 @@ class Llm:
         )
         return TurnCompleted(content=content, tool_calls=calls, usage=usage)
 
+    def _session(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT))
+        return self._http
+
+    async def decide(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
+        """POST /v1/decide; its JSON answer, or `TurnError` with the dataplane's message.
+
+        A 429 is waited out like a turn's (Retry-After, else 1 s), for as long as the caller.
+        """
+        url = f"{self.dataplane}/v1/decide"
+        while True:
+            try:
+                async with self._session().post(
+                    url, json=body, headers={"x-luftpause-caller": caller}
+                ) as resp:
+                    text = await resp.text()
+                    if resp.status == 429:
+                        await asyncio.sleep(retry_after(resp.headers))
+                        continue
+                    doc = _json(text)
+                    if resp.status != 200 or not isinstance(doc, dict):
+                        raise TurnError(f"decide failed ({resp.status}): {_message(doc, text)}")
+                    return doc
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise TurnError(f"decide failed: {exc!r}", retryable=True) from exc
+
     async def forget_run(self, handle: str) -> None:
         """Tell the dataplane the run is over (DELETE /v1/runs/{id}); best effort."""
-        if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
         try:
-            async with self._http.delete(f"{self.dataplane}/v1/runs/{handle}") as resp:
+            forget = self._session().delete(
+                f"{self.dataplane}/v1/runs/{handle}", timeout=aiohttp.ClientTimeout(total=10)
+            )
+            async with forget as resp:
                 await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("run.forget_failed", run=handle, error=repr(exc))
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _message(doc: Any, text: str) -> str:
+    """The message of an `{"error": {"message": ...}}` body, else the body's start."""
+    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+        return str(doc["error"].get("message", text[:200]))
+    return text[:200]

@@ -1,8 +1,9 @@
 """The run state machine: one sub-agent run's lifecycle as a pure function of its events.
 
-Pure module: no I/O, no clock reads, no awaits; imports only the standard library. The shell
-(`agent`) feeds it events and carries out the decisions it returns; replay (`journal`) feeds it
-the same events rebuilt from the journal, so a replayed run is the run that was journaled.
+Pure module: no I/O, no clock reads, no awaits; imports only the standard library and `values`
+(whose types it re-exports). The shell (`runs`) feeds it events and carries out the decisions it
+returns; replay (`journal`) feeds it the same events rebuilt from the journal, so a replayed run
+is the run that was journaled.
 
 Theory of operation::
 
@@ -13,10 +14,18 @@ Theory of operation::
               TOOLS ─┘
     any live phase ──TurnFailed──► FAILED      any live phase ──Cancel──► CANCELLED
 
-A round is one assistant message with its tool calls plus every call's result. Only complete
-rounds are journaled, so a run rebuilt from the journal is always RUNNING (about to take a turn)
-or over. Once `max_tool_calls` calls are spent the next turn offers no tools; with
-`parallel_tool_calls` off only the first call of a reply is kept.
+    TOOLS ──ApprovalAsked──► AWAITING_APPROVAL ──ApprovalDecided──► TOOLS
+
+A round is one assistant message with its tool calls plus every call's result. Complete rounds
+are journaled; so is a turn whose call waits for the user's approval (before the first question
+of its round) and every answer, so a run rebuilt from the journal is RUNNING (about to take a
+turn), TOOLS or AWAITING_APPROVAL with the answers given so far, or over. Once `max_tool_calls`
+calls are spent the next turn offers no tools; with `parallel_tool_calls` off only the first
+call of a reply is kept.
+
+Budgets are the subtree's (`budget`); a run only carries its limits and, once one is past,
+`exceeded` (BudgetExceeded marks even a run that is over: its later children are refused).
+Times (`at`, `spawned_at`) are wall-clock seconds given by the shell, never read here.
 """
 
 from __future__ import annotations
@@ -26,9 +35,29 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-DEFAULT_MAX_TOOL_CALLS = 8
-DEFAULT_MAX_TOKENS = 256
-SERVICE_CLASSES = ("interactive", "batch")
+from luftpause.runtime.values import (
+    BUDGET_KINDS,
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_MAX_TOOL_CALLS,
+    SERVICE_CLASSES,
+    Exceeded,
+    RunSpec,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+
+__all__ = [
+    "BUDGET_KINDS",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_MAX_TOOL_CALLS",
+    "SERVICE_CLASSES",
+    "Exceeded",
+    "RunSpec",
+    "ToolCall",
+    "ToolResult",
+    "Usage",
+]
 
 
 class Phase(StrEnum):
@@ -37,112 +66,11 @@ class Phase(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "AwaitingApproval"
 
     @property
     def over(self) -> bool:
         return self in (Phase.FINISHED, Phase.FAILED, Phase.CANCELLED)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSpec:
-    """Everything `spawn` said about a run, plus who asked (the caller)."""
-
-    handle: str
-    task: str
-    model: str
-    service_class: str = "interactive"
-    system: str | None = None
-    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
-    tools: tuple[str, ...] | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    parallel_tool_calls: bool = False
-    parent: str | None = None
-    caller: str = "mcp"
-
-    def __post_init__(self) -> None:
-        if not self.handle or not self.task or not self.model:
-            raise ValueError("handle, task and model must not be empty")
-        if self.service_class not in SERVICE_CLASSES:
-            raise ValueError(f"serviceClass must be one of {SERVICE_CLASSES}")
-        if self.max_tool_calls < 0 or self.max_tokens < 0:
-            raise ValueError("maxToolCalls and maxTokens must be at least 0")
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "handle": self.handle,
-            "task": self.task,
-            "model": self.model,
-            "serviceClass": self.service_class,
-            "system": self.system,
-            "maxToolCalls": self.max_tool_calls,
-            "tools": None if self.tools is None else list(self.tools),
-            "maxTokens": self.max_tokens,
-            "parallelToolCalls": self.parallel_tool_calls,
-            "parent": self.parent,
-            "caller": self.caller,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunSpec:
-        tools = data.get("tools")
-        return cls(
-            handle=str(data["handle"]),
-            task=str(data["task"]),
-            model=str(data["model"]),
-            service_class=str(data.get("serviceClass", "interactive")),
-            system=data.get("system"),
-            max_tool_calls=int(data.get("maxToolCalls", DEFAULT_MAX_TOOL_CALLS)),
-            tools=None if tools is None else tuple(str(t) for t in tools),
-            max_tokens=int(data.get("maxTokens", DEFAULT_MAX_TOKENS)),
-            parallel_tool_calls=bool(data.get("parallelToolCalls", False)),
-            parent=data.get("parent"),
-            caller=str(data.get("caller", "mcp")),
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ToolCall:
-    """One call the model asked for; `arguments` is the model's raw JSON text."""
-
-    id: str
-    name: str
-    arguments: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ToolResult:
-    """What one tool call returned (or why it failed: `ok` false)."""
-
-    call_id: str
-    name: str
-    content: str
-    ok: bool = True
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Usage:
-    """Work done by one turn (or summed over several)."""
-
-    turns: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    turn_seconds: float = 0.0
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            turns=self.turns + other.turns,
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-            turn_seconds=self.turn_seconds + other.turn_seconds,
-        )
 
 
 # --- events ---
@@ -155,6 +83,7 @@ class TurnCompleted:
     content: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,14 +96,44 @@ class ToolsReturned:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnFailed:
     error: str
+    at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cancel:
     reason: str = "cancelled"
+    at: float = 0.0
 
 
-Event = TurnCompleted | ToolsReturned | TurnFailed | Cancel
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalAsked:
+    """The shell is about to ask the user whether pending call `call_id` may run."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalDecided:
+    call_id: str
+    allow: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetExceeded:
+    """This run's budget is past a limit; the shell cancels its subtree next."""
+
+    exceeded: Exceeded
+
+
+Event = (
+    TurnCompleted
+    | ToolsReturned
+    | TurnFailed
+    | Cancel
+    | ApprovalAsked
+    | ApprovalDecided
+    | BudgetExceeded
+)
 
 
 # --- decisions ---
@@ -211,9 +170,40 @@ class RecordFinished:
     result: str | None
     error: str | None
     usage: Usage = field(default_factory=Usage)
+    at: float = 0.0
 
 
-Decision = StartTurn | CallTools | RecordRound | RecordFinished
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordTurn:
+    """Journal a turn whose tool call waits for approval, so a restart asks about the same call."""
+
+    round: int
+    assistant: dict[str, Any]
+    usage: Usage
+    asking: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordApproval:
+    call_id: str
+    tool: str
+    allow: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordExceeded:
+    exceeded: Exceeded
+
+
+Decision = (
+    StartTurn
+    | CallTools
+    | RecordRound
+    | RecordFinished
+    | RecordTurn
+    | RecordApproval
+    | RecordExceeded
+)
 
 
 # --- state ---
@@ -234,10 +224,19 @@ class RunState:
     pending_content: str | None = None
     result: str | None = None
     error: str | None = None
+    ended_at: float | None = None
+    exceeded: Exceeded | None = None
+    approvals: tuple[tuple[str, bool], ...] = ()
+    asking: str | None = None
+    turn_recorded: bool = False
 
     @property
     def tools_left(self) -> int:
         return max(0, self.spec.max_tool_calls - self.tool_calls)
+
+    def approval(self, call_id: str) -> bool | None:
+        """The user's answer about a pending call, None if not asked (or not answered)."""
+        return next((allow for cid, allow in self.approvals if cid == call_id), None)
 
 
 def start(spec: RunSpec) -> RunState:
@@ -253,21 +252,29 @@ def next_decision(state: RunState) -> StartTurn | CallTools | None:
     """What the shell does next for a live run; None once it is over."""
     if state.phase is Phase.RUNNING:
         return StartTurn(messages=state.messages, offer_tools=state.tools_left > 0)
-    if state.phase is Phase.TOOLS:
+    if state.phase in (Phase.TOOLS, Phase.AWAITING_APPROVAL):
         return CallTools(calls=state.pending)
     return None
 
 
 def step(state: RunState, event: Event) -> tuple[RunState, tuple[Decision, ...]]:
     """Apply one event; return the new state and what the shell must do now."""
+    if isinstance(event, BudgetExceeded):
+        if state.exceeded is not None:
+            return state, ()
+        return replace(state, exceeded=event.exceeded), (RecordExceeded(exceeded=event.exceeded),)
     if state.phase.over:
         return state, ()
     if isinstance(event, Cancel):
-        return _end(state, Phase.CANCELLED, None, event.reason)
+        return _end(state, Phase.CANCELLED, None, event.reason, at=event.at)
     if isinstance(event, TurnFailed):
-        return _end(state, Phase.FAILED, None, event.error)
+        return _end(state, Phase.FAILED, None, event.error, at=event.at)
     if isinstance(event, TurnCompleted):
         return _turn_completed(state, event)
+    if isinstance(event, ApprovalAsked):
+        return _approval_asked(state, event)
+    if isinstance(event, ApprovalDecided):
+        return _approval_decided(state, event)
     return _tools_returned(state, event)
 
 
@@ -277,12 +284,21 @@ def _end(
     result: str | None,
     error: str | None,
     usage: Usage | None = None,
+    at: float = 0.0,
 ) -> tuple[RunState, tuple[Decision, ...]]:
     usage = usage or Usage()
     new = replace(
-        state, phase=phase, result=result, error=error, pending=(), usage=state.usage + usage
+        state,
+        phase=phase,
+        result=result,
+        error=error,
+        pending=(),
+        usage=state.usage + usage,
+        ended_at=at,
+        asking=None,
+        approvals=(),
     )
-    return new, (RecordFinished(phase=phase, result=result, error=error, usage=usage),)
+    return new, (RecordFinished(phase=phase, result=result, error=error, usage=usage, at=at),)
 
 
 def _turn_completed(state: RunState, event: TurnCompleted) -> tuple[RunState, tuple[Decision, ...]]:
@@ -292,7 +308,7 @@ def _turn_completed(state: RunState, event: TurnCompleted) -> tuple[RunState, tu
     if calls and not state.spec.parallel_tool_calls:
         calls = calls[:1]
     if not calls:
-        return _end(state, Phase.FINISHED, event.content or "", None, event.usage)
+        return _end(state, Phase.FINISHED, event.content or "", None, event.usage, at=event.at)
     new = replace(
         state,
         phase=Phase.TOOLS,
@@ -305,6 +321,48 @@ def _turn_completed(state: RunState, event: TurnCompleted) -> tuple[RunState, tu
 
 def assistant_message(content: str | None, calls: tuple[ToolCall, ...]) -> dict[str, Any]:
     return {"role": "assistant", "content": content, "tool_calls": [c.to_json() for c in calls]}
+
+
+def _approval_asked(state: RunState, event: ApprovalAsked) -> tuple[RunState, tuple[Decision, ...]]:
+    if state.phase is Phase.AWAITING_APPROVAL and state.asking == event.call_id:
+        return state, ()  # asked again after a restart: the question is journaled already
+    if state.phase is not Phase.TOOLS:
+        raise ValueError(f"an approval was asked while the run is {state.phase}")
+    call = _pending_call(state, event.call_id)
+    new = replace(state, phase=Phase.AWAITING_APPROVAL, asking=call.id, turn_recorded=True)
+    if state.turn_recorded:
+        return new, ()
+    record = RecordTurn(
+        round=state.rounds + 1,
+        assistant=assistant_message(state.pending_content, state.pending),
+        usage=state.pending_usage,
+        asking=call.id,
+    )
+    return new, (record,)
+
+
+def _approval_decided(
+    state: RunState, event: ApprovalDecided
+) -> tuple[RunState, tuple[Decision, ...]]:
+    if state.phase not in (Phase.TOOLS, Phase.AWAITING_APPROVAL):
+        raise ValueError(f"an approval was decided while the run is {state.phase}")
+    call = _pending_call(state, event.call_id)
+    new = replace(
+        state,
+        phase=Phase.TOOLS,
+        asking=None,
+        approvals=(*state.approvals, (call.id, event.allow)),
+    )
+    return new, (RecordApproval(call_id=call.id, tool=call.name, allow=event.allow),)
+
+
+def _pending_call(state: RunState, call_id: str) -> ToolCall:
+    call = next((c for c in state.pending if c.id == call_id), None)
+    if call is None:
+        raise ValueError(f"no pending tool call {call_id}")
+    if state.approval(call_id) is not None:
+        raise ValueError(f"tool call {call_id} was already decided")
+    return call
 
 
 def _tools_returned(state: RunState, event: ToolsReturned) -> tuple[RunState, tuple[Decision, ...]]:
@@ -330,6 +388,8 @@ def _tools_returned(state: RunState, event: ToolsReturned) -> tuple[RunState, tu
         pending=(),
         pending_usage=Usage(),
         pending_content=None,
+        approvals=(),
+        turn_recorded=False,
     )
     record = RecordRound(
         round=new.rounds, assistant=assistant, results=results, usage=state.pending_usage
@@ -349,9 +409,19 @@ def summary(state: RunState) -> dict[str, Any]:
     }
     if state.error is not None:
         out["error"] = state.error
+    if state.phase is Phase.AWAITING_APPROVAL and state.asking is not None:
+        call = next(c for c in state.pending if c.id == state.asking)
+        out["pendingApproval"] = {"tool": call.name, "arguments": _arguments(call.arguments)}
     if state.spec.parent is not None:
         out["parent"] = state.spec.parent
     return out
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def canonical(state: RunState) -> str:
@@ -365,4 +435,8 @@ def canonical(state: RunState) -> str:
             "completionTokens": state.usage.completion_tokens,
         },
     }
+    if state.exceeded is not None:
+        data["exceeded"] = state.exceeded.to_json()
+    if state.approvals:
+        data["approvals"] = [list(a) for a in state.approvals]
     return json.dumps(data, sort_keys=True)

@@ -1,8 +1,10 @@
-"""`luftpause runtime`: argv, the journal, the upstream sessions, the MCP server under uvicorn.
+"""`luftpause runtime`: argv, the journals (runs.jsonl, tasks.jsonl), the upstream sessions,
+the MCP server (with the Tasks extension) under uvicorn.
 
 Shell module. Serves on one port:
 
-    POST/GET/DELETE /mcp   MCP Streamable HTTP (spawn, await, run, status, cancel, tools)
+    POST/GET/DELETE /mcp   MCP Streamable HTTP (spawn, await, run, status, cancel, approve,
+                           decide, tools)
     GET /status            the run tree with each run's own work and subtree totals
 """
 
@@ -15,6 +17,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 import uvicorn
@@ -23,8 +26,9 @@ from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server
+from luftpause.runtime.server import build_server, spec_from
 from luftpause.runtime.store import JournalFile
+from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
 from luftpause.runtime.upstream import Upstreams
 
 _SHUTDOWN_GRACE_SECONDS = 2
@@ -38,8 +42,10 @@ class RuntimeConfig:
     port: int = 7000
     dataplane: str = "http://127.0.0.1:8080"
     mcp_servers: tuple[str, ...] = ()
+    mcp_stdio: tuple[str, ...] = ()
     state_dir: Path = Path("state")
     model: str = "luftpause-sim"
+    decide_model: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -60,11 +66,19 @@ def parse_args(argv: list[str]) -> RuntimeConfig:
         help="upstream MCP server (Streamable HTTP); repeatable",
     )
     p.add_argument(
+        "--mcp-stdio",
+        action="append",
+        default=[],
+        metavar="COMMAND",
+        help='upstream MCP server over stdio, as one command line ("cmd arg ..."); repeatable',
+    )
+    p.add_argument(
         "--state-dir",
         default=os.environ.get("LUFTPAUSE_STATE_DIR", "state"),
         help="where runs.jsonl lives (env LUFTPAUSE_STATE_DIR; default state)",
     )
     p.add_argument("--model", default="luftpause-sim", help="default model for spawn")
+    p.add_argument("--decide-model", help="single-pass model for decide without labels")
     ns = p.parse_args(argv)
     try:
         return RuntimeConfig(
@@ -72,8 +86,10 @@ def parse_args(argv: list[str]) -> RuntimeConfig:
             port=ns.port,
             dataplane=ns.dataplane,
             mcp_servers=tuple(ns.mcp_server),
+            mcp_stdio=tuple(ns.mcp_stdio),
             state_dir=Path(ns.state_dir),
             model=ns.model,
+            decide_model=ns.decide_model,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -91,14 +107,21 @@ async def serve(
     config: RuntimeConfig, stop: asyncio.Event, log: structlog.stdlib.BoundLogger
 ) -> None:
     """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
-    upstreams = Upstreams(list(config.mcp_servers))
+    upstreams = Upstreams(list(config.mcp_servers), list(config.mcp_stdio))
     upstreams.start()
     llm = Llm(config.dataplane)
     runtime = Runtime(JournalFile(config.state_dir), llm, upstreams)
     resumed = runtime.resume()
-    app = build_server(runtime, default_model=config.model).streamable_http_app(
-        streamable_http_path="/mcp", host=config.host
+
+    async def spawn(args: dict[str, Any], caller: str) -> str:
+        return await runtime.spawn(spec_from(args, caller, config.model))
+
+    tasks = TasksExtension(runtime, JournalFile(config.state_dir, TASKS_NAME), spawn)
+    await tasks.resume()
+    server_ = build_server(
+        runtime, default_model=config.model, decide_model=config.decide_model, extensions=[tasks]
     )
+    app = server_.streamable_http_app(streamable_http_path="/mcp", host=config.host)
     server = _Uvicorn(
         uvicorn.Config(
             app,
@@ -119,6 +142,7 @@ async def serve(
         server.should_exit = True
         # In-flight await calls are cut by the shutdown; runs are left to resume from the journal.
         await runtime.stop()
+        tasks.close()
         with contextlib.suppress(Exception):
             await serving
         await upstreams.close()

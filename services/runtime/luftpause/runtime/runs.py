@@ -3,28 +3,48 @@
 Shell module: asyncio tasks, the journal file (`store`), the model (`llm`) and the tool
 servers (`upstream`). Each run is one task that asks the pure state machine (`machine`) what
 to do next, does it, and feeds the outcome back; every decision to journal is written (and
-fsync'd) before the next turn starts. Stopping the process cancels the tasks without
-journaling anything, so the runs resume from the journal on the next start; `cancel` is a
-user's decision and is journaled as the run's end.
+fsync'd) before the next step. Stopping the process cancels the tasks without journaling
+anything, so the runs resume from the journal on the next start; `cancel` is a user's decision
+and is journaled as the run's end.
+
+Budgets (`budget`) are checked after every turn and tool round, on spawn, and by one timer per
+seconds budget; a budget past its limit is journaled, then its subtree cancelled with the reason.
+A tool call that needs approval waits on a future that `approve` (or an await's elicitation,
+see `server`) resolves; the answer is journaled before the call runs or is declined.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
 
-from luftpause.runtime import hygiene, journal
+from luftpause.runtime import budget, hygiene, journal
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import RequestError, TurnError
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.upstream import Upstreams, UpstreamTool
 
+DECLINED = "Error: the user declined this tool call"
+_TIMER_SLACK = 0.05  # past the deadline, so the subtree's seconds are over the limit, not at it
+
 log = structlog.get_logger(service="runtime")
+
+
+@dataclass(eq=False)
+class Approval:
+    """A tool call waiting for the user: `answer` resolves it, `journaled` once it is on disk."""
+
+    call: m.ToolCall
+    answer: asyncio.Future[bool]
+    journaled: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass(eq=False)
@@ -35,16 +55,28 @@ class Run:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
+    approval: Approval | None = None
 
 
 class Runtime:
     """Every run, from the journal on start to the last task on stop."""
 
-    def __init__(self, journal_file: JournalFile, llm: Llm, upstreams: Upstreams) -> None:
+    def __init__(
+        self,
+        journal_file: JournalFile,
+        llm: Llm,
+        upstreams: Upstreams,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.journal = journal_file
         self.llm = llm
         self.upstreams = upstreams
+        self.clock = clock
         self.runs: dict[str, Run] = {}
+        self._timers: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self._approval_waiters: set[asyncio.Event] = set()
 
     # --- lifecycle ---
 
@@ -55,17 +87,23 @@ class Runtime:
         for handle, state in replayed.runs.items():
             run = Run(state=state)
             self.runs[handle] = run
+            self._start_timer(run)
             if state.phase.over:
                 run.done.set()
             else:
                 self._start(run)
                 resumed += 1
+        for handle, run in self.runs.items():
+            if run.state.exceeded is not None:
+                # Tripped just before a crash: finish cancelling what still lives under it.
+                self._background_task(self.cancel(handle, run.state.exceeded.reason))
         log.info("runtime.replayed", runs=len(replayed.runs), resumed=resumed)
         return resumed
 
     async def stop(self) -> None:
         """Cancel every task without journaling: the runs resume on the next start."""
         tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
+        tasks += [*self._timers.values(), *self._background]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -74,28 +112,42 @@ class Runtime:
     # --- tools ---
 
     async def spawn(self, spec: m.RunSpec) -> str:
-        if spec.parent is not None and spec.parent not in self.runs:
-            raise RequestError(f"unknown parent run {spec.parent}")
+        if spec.parent is not None:
+            if spec.parent not in self.runs:
+                raise RequestError(f"unknown parent run {spec.parent}")
+            blocked = budget.blocking(self.runs, spec.parent)
+            if blocked is not None:
+                raise RequestError(f"parent's {blocked.reason}")
+        spec = replace(spec, spawned_at=self.clock())
         await self.journal.append(journal.spawned_record(spec))
         run = Run(state=m.start(spec))
         self.runs[spec.handle] = run
         self._start(run)
+        self._start_timer(run)
         log.info("run.spawned", run=spec.handle, parent=spec.parent)
+        await self._check_budget(spec.handle)
         return spec.handle
 
     async def await_runs(
-        self, handles: list[str], mode: str, timeout: float
+        self,
+        handles: list[str],
+        mode: str,
+        timeout: float,
+        *,
+        interrupt: asyncio.Event | None = None,
     ) -> list[dict[str, Any]]:
-        """Wait until all (or any) of the runs are over, or the timeout; then their states."""
-        runs = [self.runs.get(h) for h in handles]
-        waits = [asyncio.ensure_future(r.done.wait()) for r in runs if r is not None]
-        try:
-            if waits:
-                when = asyncio.FIRST_COMPLETED if mode == "any" else asyncio.ALL_COMPLETED
-                await asyncio.wait(waits, timeout=timeout, return_when=when)
-        finally:
-            for w in waits:
-                w.cancel()
+        """Wait until all (or any) of the runs are over, the timeout, or `interrupt` is set."""
+        runs = [r for h in handles if (r := self.runs.get(h)) is not None]
+        if runs:
+            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(_over(runs, mode))]
+            if interrupt is not None:
+                waits.append(asyncio.ensure_future(interrupt.wait()))
+            try:
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
         return [self.summary(h) for h in handles]
 
     def summary(self, handle: str) -> dict[str, Any]:
@@ -104,6 +156,9 @@ class Runtime:
             return {"handle": handle, "state": "unknown", "error": f"no run {handle}"}
         out = m.summary(run.state)
         out["children"] = [h for h, r in self.runs.items() if r.state.spec.parent == handle]
+        view = budget.view(self.runs, handle, self.clock())
+        if view is not None:
+            out["budget"] = view
         return out
 
     async def cancel(self, handle: str, reason: str = "cancelled") -> list[str]:
@@ -113,7 +168,7 @@ class Runtime:
         cancelled = []
         for h in [handle, *self.descendants(handle)]:
             run = self.runs[h]
-            if run.state.phase.over or run.task is None:
+            if run.state.phase.over or run.task is None or run.task.done():
                 continue
             run.cancel_reason = reason
             run.task.cancel()
@@ -122,58 +177,120 @@ class Runtime:
         return cancelled
 
     def descendants(self, handle: str) -> list[str]:
-        out: list[str] = []
-        frontier = [handle]
-        while frontier:
-            parent = frontier.pop()
-            kids = [h for h, r in self.runs.items() if r.state.spec.parent == parent]
-            out += kids
-            frontier += kids
-        return out
+        return budget.subtree(handle, budget.children(self.runs))[1:]
 
     async def tools(self) -> list[dict[str, Any]]:
         return [t.describe() for t in (await self.upstreams.catalogue()).values()]
+
+    # --- approvals ---
+
+    async def approve(self, handle: str, allow: bool, call_id: str | None = None) -> dict[str, Any]:
+        """Answer the run's pending approval; returns once the answer is journaled."""
+        run = self.runs.get(handle)
+        if run is None:
+            raise RequestError(f"no run {handle}")
+        pending = run.approval
+        if pending is None or pending.answer.done():
+            raise RequestError(f"run {handle} is not waiting for an approval")
+        if call_id is not None and pending.call.id != call_id:
+            raise RequestError(f"run {handle} is not waiting for tool call {call_id}")
+        pending.answer.set_result(allow)
+        await pending.journaled.wait()
+        return {"handle": handle, "tool": pending.call.name, "allow": allow}
+
+    def pending_approvals(self, handles: list[str]) -> list[tuple[str, Approval]]:
+        """Unanswered approvals of the runs and everything below them."""
+        kids = budget.children(self.runs)
+        covered = {h for top in handles if top in self.runs for h in budget.subtree(top, kids)}
+        return [
+            (h, a)
+            for h in covered
+            if (a := self.runs[h].approval) is not None and not a.answer.done()
+        ]
+
+    @contextmanager
+    def approval_watch(self) -> Iterator[asyncio.Event]:
+        """An event set whenever any run starts waiting for an approval."""
+        event = asyncio.Event()
+        self._approval_waiters.add(event)
+        try:
+            yield event
+        finally:
+            self._approval_waiters.discard(event)
 
     # --- the agent loop ---
 
     def _start(self, run: Run) -> None:
         run.task = asyncio.create_task(self._drive(run), name=f"run {run.state.spec.handle}")
 
+    def _background_task(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _drive(self, run: Run) -> None:
+        handle = run.state.spec.handle
         try:
             while (decision := m.next_decision(run.state)) is not None:
                 event: m.Event
                 if isinstance(decision, m.StartTurn):
                     try:
-                        event = await self._turn(run.state.spec, decision)
+                        turn = await self._turn(run.state.spec, decision)
+                        event = replace(turn, at=self.clock())
                     except TurnError as exc:
-                        event = m.TurnFailed(error=str(exc))
+                        event = m.TurnFailed(error=str(exc), at=self.clock())
                 else:
-                    results = await self._call_tools(run.state.spec, decision.calls)
+                    results = await self._call_tools(run, decision.calls)
                     event = m.ToolsReturned(results=results)
                 await self._apply(run, event)
+                await self._check_budget(handle)
         except asyncio.CancelledError:
             if run.cancel_reason is None:
                 raise  # the process is stopping: nothing is journaled, the run resumes
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            await self._apply(run, m.Cancel(reason=run.cancel_reason))
+            await self._apply(run, m.Cancel(reason=run.cancel_reason, at=self.clock()))
         except Exception as exc:  # a bug must not leave an awaiter waiting forever
-            log.exception("run.crashed", run=run.state.spec.handle)
-            await self._apply(run, m.TurnFailed(error=f"internal error: {exc!r}"))
+            log.exception("run.crashed", run=handle)
+            await self._apply(run, m.TurnFailed(error=f"internal error: {exc!r}", at=self.clock()))
 
     async def _apply(self, run: Run, event: m.Event) -> None:
         handle = run.state.spec.handle
         run.state, decisions = m.step(run.state, event)
         for d in decisions:
-            if isinstance(d, m.RecordRound):
-                await self.journal.append(journal.round_record(handle, d))
-            elif isinstance(d, m.RecordFinished):
-                await self.journal.append(journal.finished_record(handle, d))
+            record = journal.record_of(handle, d)
+            if record is not None:
+                await self.journal.append(record)
+            if isinstance(d, m.RecordFinished):
                 run.done.set()
                 log.info("run.over", run=handle, state=d.phase.value, error=d.error)
                 await self.llm.forget_run(handle)
+
+    # --- budgets ---
+
+    def _start_timer(self, run: Run) -> None:
+        spec = run.state.spec
+        if spec.budget_seconds is not None and run.state.exceeded is None:
+            task = asyncio.create_task(self._timer(spec), name=f"budget timer {spec.handle}")
+            self._timers[spec.handle] = task
+            task.add_done_callback(lambda _: self._timers.pop(spec.handle, None))
+
+    async def _timer(self, spec: m.RunSpec) -> None:
+        deadline = budget.deadline(spec)
+        assert deadline is not None
+        await asyncio.sleep(max(0.0, deadline - self.clock()) + _TIMER_SLACK)
+        await self._check_budget(spec.handle)
+
+    async def _check_budget(self, handle: str) -> None:
+        """Trip every budget at or above `handle` that is past a limit."""
+        for h, exceeded in budget.check(self.runs, handle, self.clock()):
+            await self._apply(self.runs[h], m.BudgetExceeded(exceeded=exceeded))
+            log.info("run.budget_exceeded", run=h, reason=exceeded.reason)
+            # In the background: the run calling this may be in the subtree it cancels.
+            self._background_task(self.cancel(h, exceeded.reason))
+
+    # --- turns and tools ---
 
     async def _offered(self, spec: m.RunSpec) -> dict[str, UpstreamTool]:
         catalogue = await self.upstreams.catalogue()
@@ -188,10 +305,40 @@ class Runtime:
         return await self.llm.turn(spec, decision.messages, tools)
 
     async def _call_tools(
-        self, spec: m.RunSpec, calls: tuple[m.ToolCall, ...]
+        self, run: Run, calls: tuple[m.ToolCall, ...]
     ) -> tuple[m.ToolResult, ...]:
+        spec = run.state.spec
         offered = await self._offered(spec)
-        return tuple(await asyncio.gather(*(self._call_one(c, offered) for c in calls)))
+        allowed: dict[str, bool] = {}
+        for c in calls:
+            tool = offered.get(c.name)
+            if tool is not None and (tool.destructive or c.name in spec.approve_tools):
+                answer = run.state.approval(c.id)
+                allowed[c.id] = await self._ask(run, c) if answer is None else answer
+        return tuple(
+            await asyncio.gather(
+                *(
+                    self._call_one(c, offered) if allowed.get(c.id, True) else _declined(c)
+                    for c in calls
+                )
+            )
+        )
+
+    async def _ask(self, run: Run, call: m.ToolCall) -> bool:
+        """Wait for the user's answer about one call; journal it; return it."""
+        await self._apply(run, m.ApprovalAsked(call_id=call.id))
+        pending = Approval(call=call, answer=asyncio.get_running_loop().create_future())
+        run.approval = pending
+        log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
+        for event in self._approval_waiters:
+            event.set()
+        try:
+            allow = await pending.answer
+            await self._apply(run, m.ApprovalDecided(call_id=call.id, allow=allow))
+        finally:
+            run.approval = None
+            pending.journaled.set()
+        return allow
 
     async def _call_one(self, call: m.ToolCall, offered: dict[str, UpstreamTool]) -> m.ToolResult:
         tool = offered.get(call.name)
@@ -203,6 +350,21 @@ class Runtime:
         if args is None:
             return m.ToolResult(call_id=call.id, name=call.name, content=f"Error: {why}", ok=False)
         return await self.upstreams.call(call, args, tool)
+
+
+async def _declined(call: m.ToolCall) -> m.ToolResult:
+    return m.ToolResult(call_id=call.id, name=call.name, content=DECLINED, ok=False)
+
+
+async def _over(runs: list[Run], mode: str) -> None:
+    """Return once all (or any) of the runs are over."""
+    waits = [asyncio.ensure_future(r.done.wait()) for r in runs]
+    try:
+        when = asyncio.FIRST_COMPLETED if mode == "any" else asyncio.ALL_COMPLETED
+        await asyncio.wait(waits, return_when=when)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def new_handle() -> str:

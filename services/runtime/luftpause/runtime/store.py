@@ -1,4 +1,5 @@
-"""The journal file `runs.jsonl`: read it back on start, append records durably.
+"""The journal file `runs.jsonl` (and `tasks.jsonl`, same format): read it back on start,
+append records durably.
 
 Shell module (file I/O); the format, the parser and replay are `journal`'s.
 
@@ -25,8 +26,8 @@ _READ_CHUNK = 1 << 16
 class JournalFile:
     """Append-only, fsync'd journal; one writer per process."""
 
-    def __init__(self, state_dir: Path) -> None:
-        self.path = state_dir / JOURNAL_NAME
+    def __init__(self, state_dir: Path, name: str = JOURNAL_NAME) -> None:
+        self.path = state_dir / name
         self._fd: int | None = None
         self._lock = asyncio.Lock()
 

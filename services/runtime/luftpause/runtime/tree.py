@@ -1,21 +1,17 @@
 """The run tree for GET /status: each run's own work and its subtree's totals.
 
 Pure module: no I/O; it reads run states (`machine.RunState`) through any mapping whose values
-have a `.state`.
+have a `.state` (`budget.HasState`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
+from luftpause.runtime import budget
 from luftpause.runtime import machine as m
-
-
-class HasState(Protocol):
-    @property
-    def state(self) -> m.RunState: ...
-
+from luftpause.runtime.budget import HasState
 
 _KEYS = (
     "turns",
@@ -41,8 +37,10 @@ def own_work(state: m.RunState) -> dict[str, float]:
     }
 
 
-def status(runs: Mapping[str, HasState]) -> dict[str, Any]:
-    """Roots first, children nested; every node has `own` and `subtree` totals."""
+def status(runs: Mapping[str, HasState], now: float = 0.0) -> dict[str, Any]:
+    """Roots first, children nested; every node has `own` and `subtree` totals; a budgeted run
+    its `budget` (seconds measured to `now`), a run waiting for the user its `pendingApproval`.
+    """
     children: dict[str | None, list[str]] = {}
     for handle, run in runs.items():
         parent = run.state.spec.parent
@@ -53,7 +51,7 @@ def status(runs: Mapping[str, HasState]) -> dict[str, Any]:
         kids = [node(h) for h in children.get(handle, [])]
         own = own_work(state)
         subtree = {k: own[k] + sum(kid["subtree"][k] for kid in kids) for k in _KEYS}
-        return {
+        out = {
             "handle": handle,
             "state": state.phase.value,
             "task": state.spec.task[:200],
@@ -63,6 +61,13 @@ def status(runs: Mapping[str, HasState]) -> dict[str, Any]:
             "subtree": {k: round(v, 3) for k, v in subtree.items()},
             "children": kids,
         }
+        pending = m.summary(state).get("pendingApproval")
+        if pending is not None:
+            out["pendingApproval"] = pending
+        view = budget.view(runs, handle, now)
+        if view is not None:
+            out["budget"] = view
+        return out
 
     roots = [node(h) for h in children.get(None, [])]
     phases: dict[str, int] = {}

@@ -1,8 +1,11 @@
 """Upstream MCP tool servers: one kept-open client session each, reconnected on failure.
 
-Shell module (network I/O through the official `mcp` client). Runs see the union of the
-servers' tools (the first server wins a name clash) as OpenAI function tools, and call them
-through `Upstreams.call`, which never raises: a failure is a failed `ToolResult` the model reads.
+Shell module (network I/O through the official `mcp` client). A server is a Streamable HTTP
+URL or a command line run as a child process that speaks MCP over stdio (`stdio:` names it in
+the catalogue); a stdio server that exits is started again like a broken session. Runs see
+the union of the servers' tools (the first server wins a name clash) as OpenAI function tools,
+and call them through `Upstreams.call`, which never raises: a failure is a failed `ToolResult`
+the model reads.
 """
 
 from __future__ import annotations
@@ -10,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.types import CallToolResult, TextContent, Tool
 
 from luftpause.runtime.machine import ToolCall, ToolResult
@@ -44,22 +49,31 @@ class UpstreamTool:
             },
         }
 
-    def describe(self) -> dict[str, Any]:
+    @property
+    def destructive(self) -> bool:
+        """The server marks the tool destructiveHint: true and not readOnlyHint: true."""
         ann = self.tool.annotations
+        return bool(ann and ann.destructive_hint and not ann.read_only_hint)
+
+    def describe(self) -> dict[str, Any]:
         return {
             "name": self.tool.name,
             "description": self.tool.description or "",
             "server": self.server,
             "inputSchema": self.tool.input_schema,
-            "destructive": bool(ann and ann.destructive_hint and not ann.read_only_hint),
+            "destructive": self.destructive,
         }
 
 
 class UpstreamServer:
-    """One MCP server over Streamable HTTP, its session held open by a keeper task."""
+    """One MCP server (Streamable HTTP or stdio), its session held open by a keeper task."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, *, stdio: bool = False) -> None:
+        self.url = f"stdio:{url}" if stdio else url
+        self._target: str | StdioServerParameters = url
+        if stdio:
+            command, *args = shlex.split(url)
+            self._target = StdioServerParameters(command=command, args=args)
         self._client: Client | None = None
         self._up = asyncio.Event()
         self._broken = asyncio.Event()
@@ -78,7 +92,7 @@ class UpstreamServer:
     async def _keep(self) -> None:
         while True:
             try:
-                async with Client(self.url, read_timeout_seconds=TOOL_TIMEOUT) as client:
+                async with Client(self._target, read_timeout_seconds=TOOL_TIMEOUT) as client:
                     self._tools = list((await client.list_tools()).tools)
                     self._client = client
                     self._up.set()
@@ -112,8 +126,9 @@ class UpstreamServer:
 class Upstreams:
     """Every configured upstream server, as one catalogue of tools."""
 
-    def __init__(self, urls: list[str]) -> None:
+    def __init__(self, urls: list[str], stdio: list[str] | None = None) -> None:
         self.servers = [UpstreamServer(u) for u in urls]
+        self.servers += [UpstreamServer(c, stdio=True) for c in stdio or []]
 
     def start(self) -> None:
         for s in self.servers:

@@ -1,0 +1,147 @@
+"""Fan-out through the MCP runtime: 16 sub-agents spawned at once and awaited together, against
+the same 16 run one at a time.
+
+Run: `.venv/bin/python -m bench.runtime_fanout [--agents 16] [--tool-seconds 2]`.
+Real processes on loopback: two simulated engines (each sub-agent calls a tool 3 times, then
+answers), a scheduler, a dataplane, fake-mcp with both tools fixed at `--tool-seconds`, and
+the runtime, driven with the official `mcp` client. Arm "parallel" spawns every sub-agent and
+awaits them all in one call; arm "sequential" calls `run` for each in turn. Writes
+bench/results/runtime_fanout.json with both wall times and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from mcp import Client
+
+from bench.common import write_result
+from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import LocalStack
+
+TOOL_ROUNDS = 3
+
+
+async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    result = await client.call_tool(tool, args)
+    if result.is_error or result.structured_content is None:
+        raise RuntimeError(f"{tool} failed: {result.content}")
+    return result.structured_content
+
+
+async def _parallel(url: str, agents: int) -> tuple[float, list[dict[str, Any]]]:
+    async with Client(url) as c:
+        started = time.perf_counter()
+        handles = [
+            (await _call(c, "spawn", {"task": f"river {i}", "tools": ["lookup"]}))["handle"]
+            for i in range(agents)
+        ]
+        out = await _call(c, "await", {"handles": handles, "timeout": 600})
+        return time.perf_counter() - started, out["runs"]
+
+
+async def _sequential(url: str, agents: int) -> tuple[float, list[dict[str, Any]]]:
+    async with Client(url) as c:
+        started = time.perf_counter()
+        runs = [
+            await _call(c, "run", {"task": f"river {i}", "tools": ["lookup"], "timeout": 600})
+            for i in range(agents)
+        ]
+        return time.perf_counter() - started, runs
+
+
+async def _start(exits: AsyncExitStack, workdir: Path, tool_seconds: float) -> str:
+    engine_args = ("--tool-rounds", str(TOOL_ROUNDS))
+    stack = await LocalStack(workdir, engine_args=engine_args).start(exits)
+    mcp_port, port = free_port(), free_port()
+    latency = str(tool_seconds)
+    fake = Proc(
+        [
+            "fake-mcp",
+            "--port",
+            str(mcp_port),
+            "--lookup-latency",
+            latency,
+            "--deep-search-latency",
+            latency,
+        ],
+        name="fake-mcp",
+        log_path=workdir / "fake-mcp.log",
+    )
+    await fake.start()
+    exits.push_async_callback(fake.stop)
+    await fake.wait_http(f"http://127.0.0.1:{mcp_port}/health")
+    await stack.wait_healthy()
+    runtime = Proc(
+        [
+            "runtime",
+            "--port",
+            str(port),
+            "--state-dir",
+            str(workdir / "state"),
+            "--dataplane",
+            f"http://127.0.0.1:{stack.dataplane_port}",
+            "--mcp-server",
+            f"http://127.0.0.1:{mcp_port}/mcp",
+        ],
+        name="runtime",
+        log_path=workdir / "runtime.log",
+    )
+    await runtime.start()
+    exits.push_async_callback(runtime.stop)
+    await runtime.wait_http(f"http://127.0.0.1:{port}/status")
+    return f"http://127.0.0.1:{port}/mcp"
+
+
+def _summary(seconds: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "seconds": round(seconds, 3),
+        "finished": sum(1 for r in runs if r["state"] == "finished"),
+        "toolCalls": sum(r["toolCalls"] for r in runs),
+        "turns": sum(r["turns"] for r in runs),
+    }
+
+
+async def bench(agents: int, tool_seconds: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
+        async with AsyncExitStack() as exits:
+            url = await _start(exits, Path(tmp), tool_seconds)
+            await _call_warmup(url)
+            parallel = _summary(*await _parallel(url, agents))
+            sequential = _summary(*await _sequential(url, agents))
+    return {
+        "agents": agents,
+        "toolSeconds": tool_seconds,
+        "toolCallsPerAgent": TOOL_ROUNDS,
+        "parallel": parallel,
+        "sequential": sequential,
+        "speedup": round(sequential["seconds"] / parallel["seconds"], 2),
+    }
+
+
+async def _call_warmup(url: str) -> None:
+    async with Client(url) as c:
+        await _call(c, "run", {"task": "warm up", "maxToolCalls": 0, "timeout": 60})
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=16)
+    p.add_argument("--tool-seconds", type=float, default=2.0)
+    ns = p.parse_args()
+    result = asyncio.run(bench(ns.agents, ns.tool_seconds))
+    path = write_result("runtime_fanout", result)
+    print(
+        f"{ns.agents} sub-agents: spawn+await all {result['parallel']['seconds']} s, "
+        f"one at a time {result['sequential']['seconds']} s, {result['speedup']}x -> {path}"
+    )
+
+
+if __name__ == "__main__":
+    main()

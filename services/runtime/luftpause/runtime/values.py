@@ -1,0 +1,173 @@
+"""The values a run is made of: what spawn asked for, tool calls and results, usage, and a
+budget's excess.
+
+Pure module: no I/O; standard library only. Frozen, and each checks its input when built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_TOOL_CALLS = 8
+DEFAULT_MAX_TOKENS = 256
+SERVICE_CLASSES = ("interactive", "batch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSpec:
+    """Everything `spawn` said about a run, plus who asked (the caller)."""
+
+    handle: str
+    task: str
+    model: str
+    service_class: str = "interactive"
+    system: str | None = None
+    max_tool_calls: int = DEFAULT_MAX_TOOL_CALLS
+    tools: tuple[str, ...] | None = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    parallel_tool_calls: bool = False
+    parent: str | None = None
+    caller: str = "mcp"
+    budget_tokens: int | None = None
+    budget_tool_calls: int | None = None
+    budget_seconds: float | None = None
+    approve_tools: tuple[str, ...] = ()
+    spawned_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.handle or not self.task or not self.model:
+            raise ValueError("handle, task and model must not be empty")
+        if self.service_class not in SERVICE_CLASSES:
+            raise ValueError(f"serviceClass must be one of {SERVICE_CLASSES}")
+        if self.max_tool_calls < 0 or self.max_tokens < 0:
+            raise ValueError("maxToolCalls and maxTokens must be at least 0")
+        for name, value in (
+            ("budgetTokens", self.budget_tokens),
+            ("budgetToolCalls", self.budget_tool_calls),
+            ("budgetSeconds", self.budget_seconds),
+        ):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be at least 0")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "handle": self.handle,
+            "task": self.task,
+            "model": self.model,
+            "serviceClass": self.service_class,
+            "system": self.system,
+            "maxToolCalls": self.max_tool_calls,
+            "tools": None if self.tools is None else list(self.tools),
+            "maxTokens": self.max_tokens,
+            "parallelToolCalls": self.parallel_tool_calls,
+            "parent": self.parent,
+            "caller": self.caller,
+            "budgetTokens": self.budget_tokens,
+            "budgetToolCalls": self.budget_tool_calls,
+            "budgetSeconds": self.budget_seconds,
+            "approveTools": list(self.approve_tools),
+            "spawnedAt": self.spawned_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSpec:
+        tools = data.get("tools")
+        return cls(
+            handle=str(data["handle"]),
+            task=str(data["task"]),
+            model=str(data["model"]),
+            service_class=str(data.get("serviceClass", "interactive")),
+            system=data.get("system"),
+            max_tool_calls=int(data.get("maxToolCalls", DEFAULT_MAX_TOOL_CALLS)),
+            tools=None if tools is None else tuple(str(t) for t in tools),
+            max_tokens=int(data.get("maxTokens", DEFAULT_MAX_TOKENS)),
+            parallel_tool_calls=bool(data.get("parallelToolCalls", False)),
+            parent=data.get("parent"),
+            caller=str(data.get("caller", "mcp")),
+            budget_tokens=_opt_int(data.get("budgetTokens")),
+            budget_tool_calls=_opt_int(data.get("budgetToolCalls")),
+            budget_seconds=_opt_float(data.get("budgetSeconds")),
+            approve_tools=tuple(str(t) for t in data.get("approveTools") or ()),
+            spawned_at=float(data.get("spawnedAt", 0.0)),
+        )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    """One call the model asked for; `arguments` is the model's raw JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolResult:
+    """What one tool call returned (or why it failed: `ok` false)."""
+
+    call_id: str
+    name: str
+    content: str
+    ok: bool = True
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Usage:
+    """Work done by one turn (or summed over several)."""
+
+    turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    turn_seconds: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            turns=self.turns + other.turns,
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            turn_seconds=self.turn_seconds + other.turn_seconds,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Exceeded:
+    """Which limit of a subtree's budget was passed, and by how much."""
+
+    which: str
+    used: float
+    limit: float
+
+    def __post_init__(self) -> None:
+        if self.which not in BUDGET_KINDS:
+            raise ValueError(f"budget kind must be one of {BUDGET_KINDS}")
+
+    @property
+    def reason(self) -> str:
+        return f"budget exceeded: {self.which} {_num(self.used)}/{_num(self.limit)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"which": self.which, "used": self.used, "limit": self.limit}
+
+
+BUDGET_KINDS = ("tokens", "toolCalls", "seconds")
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.1f}"

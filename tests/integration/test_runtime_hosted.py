@@ -1,0 +1,72 @@
+"""The runtime against a rate-limited hosted engine (the simulator's --rpm: 429 with
+Retry-After) and with an upstream tool server over stdio. Real processes on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from mcp import Client
+
+import tests.runtime.stdio_tools
+from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import LocalStack
+from tests.integration.test_runtime import call
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+# One request a (scaled) minute: the second turn of a run meets a 429 and must wait it out.
+ENGINE_ARGS = ("--rpm", "1", "--time-scale", "20", "--tool-rounds", "1")
+STDIO_SERVER = f"{sys.executable} {Path(tests.runtime.stdio_tools.__file__).resolve()}"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def hosted(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, Path]]:
+    workdir: Path = tmp_path_factory.mktemp("runtime-hosted")
+    async with AsyncExitStack() as exits:
+        stack = await LocalStack(workdir, engine_args=ENGINE_ARGS, engines=1).start(exits)
+        await stack.wait_healthy()
+        port = free_port()
+        args = [
+            "runtime",
+            "--port",
+            str(port),
+            "--dataplane",
+            f"http://127.0.0.1:{stack.dataplane_port}",
+            "--mcp-stdio",
+            STDIO_SERVER,
+            "--state-dir",
+            str(workdir / "state"),
+        ]
+        proc = Proc(args, name="runtime", log_path=workdir / "runtime.log")
+        await proc.start()
+        exits.push_async_callback(proc.stop)
+        await proc.wait_http(f"http://127.0.0.1:{port}/status")
+        yield f"http://127.0.0.1:{port}/mcp", workdir
+
+
+async def test_a_turn_refused_with_429_is_retried_after_retry_after_and_the_run_finishes(
+    hosted: tuple[str, Path],
+) -> None:
+    url, workdir = hosted
+    async with asyncio.timeout(40), Client(url) as c:
+        tools = await call(c, "tools", {})
+        out = await call(c, "run", {"task": "shout it", "maxToolCalls": 1, "timeout": 35})
+    assert [t["name"] for t in tools["tools"]] == ["shout"]
+    assert tools["tools"][0]["server"].startswith("stdio:")
+    assert out["state"] == "finished" and out["result"] and out["turns"] == 2
+    assert out["toolCalls"] == 1 and out["failedToolCalls"] == 0
+    lines = (workdir / "runtime.log").read_text().splitlines()
+    log = [json.loads(line) for line in lines if line.startswith("{")]
+    waits = [e["retry_in"] for e in log if e.get("event") == "turn.rate_limited"]
+    assert waits and all(w > 0 for w in waits)
+    records = [json.loads(r) for r in (workdir / "state" / "runs.jsonl").read_text().splitlines()]
+    [round_] = [r for r in records if r["type"] == "round"]
+    assert round_["results"][0]["content"].startswith("SHOUTED ")
