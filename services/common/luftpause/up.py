@@ -125,7 +125,7 @@ def plan(args: argparse.Namespace) -> list[list[Child]]:
                         "--mcp-server",
                         f"http://127.0.0.1:{args.mcp_port}/mcp",
                     ),
-                    ready_url=f"http://127.0.0.1:{args.runtime_port}/status",
+                    ready_url=f"http://127.0.0.1:{args.runtime_port}/health",
                 )
             ]
         )
@@ -195,6 +195,7 @@ def _banner(args: argparse.Namespace) -> str:
             "the stack is up.",
             f"  OpenAI-compatible base_url: {base}   (model: {SIM_MODEL}, any api_key)",
             f"  scheduler status page:      http://127.0.0.1:{args.http_port}/",
+            f"  MCP runtime (sub-agents):   http://127.0.0.1:{args.runtime_port}/mcp",
             f"  fake MCP tools:             http://127.0.0.1:{args.mcp_port}/mcp",
             "  try: python -c \"from openai import OpenAI; c = OpenAI(base_url='"
             + base

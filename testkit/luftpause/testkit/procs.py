@@ -26,6 +26,25 @@ def free_port() -> int:
         return port
 
 
+def free_ports_in_a_row(count: int, attempts: int = 50) -> int:
+    """The first of `count` consecutive ports on 127.0.0.1 that were all free a moment ago."""
+    for _ in range(attempts):
+        first = free_port()
+        socks = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports after {attempts} tries")
+
+
 def luftpause_exe() -> str:
     """The `luftpause` console script beside the running interpreter."""
     return str(Path(sys.executable).with_name("luftpause"))

@@ -43,11 +43,18 @@ def retry_after(headers: Mapping[str, str] | None) -> float:
 class Llm:
     """One OpenAI client for the dataplane, shared by every run."""
 
-    def __init__(self, dataplane: str, *, timeout: float = TURN_TIMEOUT) -> None:
+    def __init__(
+        self, dataplane: str, *, timeout: float = TURN_TIMEOUT, token: str | None = None
+    ) -> None:
         self.dataplane = dataplane.rstrip("/")
+        # With LUFTPAUSE_TOKEN set, the runtime sends the same bearer to the dataplane.
         self.client = AsyncOpenAI(
-            base_url=f"{self.dataplane}/v1", api_key="luftpause", max_retries=0, timeout=timeout
+            base_url=f"{self.dataplane}/v1",
+            api_key=token or "luftpause",
+            max_retries=0,
+            timeout=timeout,
         )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -126,7 +133,9 @@ class Llm:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT))
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT), headers=self._headers
+            )
         return self._http
 
     async def decide(self, body: dict[str, Any], caller: str) -> dict[str, Any]:

@@ -22,8 +22,10 @@ from typing import Any
 import structlog
 import uvicorn
 
+from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
+from luftpause.runtime.auth import BearerAuth
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, spec_from
@@ -109,7 +111,10 @@ async def serve(
     """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
     upstreams = Upstreams(list(config.mcp_servers), list(config.mcp_stdio))
     upstreams.start()
-    llm = Llm(config.dataplane)
+    token = token_from_env(os.environ)
+    if token is None:
+        log.warning(f"auth is off: {TOKEN_ENV} is not set, every MCP client is accepted")
+    llm = Llm(config.dataplane, token=token.decode() if token else None)
     runtime = Runtime(JournalFile(config.state_dir), llm, upstreams)
     resumed = runtime.resume()
 
@@ -121,7 +126,9 @@ async def serve(
     server_ = build_server(
         runtime, default_model=config.model, decide_model=config.decide_model, extensions=[tasks]
     )
-    app = server_.streamable_http_app(streamable_http_path="/mcp", host=config.host)
+    app = BearerAuth(
+        server_.streamable_http_app(streamable_http_path="/mcp", host=config.host), token
+    )
     server = _Uvicorn(
         uvicorn.Config(
             app,

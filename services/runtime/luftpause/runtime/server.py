@@ -217,6 +217,11 @@ def build_server(
     async def status_route(request: Request) -> Response:
         return JSONResponse(tree.status(runtime.runs, runtime.clock()))
 
+    @server.custom_route("/health", methods=["GET"])
+    async def health_route(request: Request) -> Response:
+        """Liveness for probes and orchestrators; open even when auth is on."""
+        return JSONResponse({"status": "ok"})
+
     return server
 
 
