@@ -95,4 +95,4 @@ def main(argv: list[str]) -> int:
             print(f"luftpause dataplane: {exc}", file=sys.stderr)
             return 2
         api_keys = engine_keys(config)
-    return run_async(lambda stop: serve(args, api_keys, stop))
+    return run_async(lambda stop: serve(args, api_keys, stop), name="dataplane")

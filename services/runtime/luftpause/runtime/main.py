@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,6 +110,9 @@ async def serve(
     config: RuntimeConfig, stop: asyncio.Event, log: structlog.stdlib.BoundLogger
 ) -> None:
     """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
+    # Bind first, so a taken port is an OSError (one clear line from run_async) before anything
+    # starts, not uvicorn's sys.exit from inside a task.
+    sock = socket.create_server((config.host, config.port))
     upstreams = Upstreams(list(config.mcp_servers), list(config.mcp_stdio))
     upstreams.start()
     token = token_from_env(os.environ)
@@ -140,7 +144,7 @@ async def serve(
         )
     )
     log.info("runtime.starting", url=f"http://{config.host}:{config.port}/mcp", resumed=resumed)
-    serving = asyncio.create_task(server.serve())
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
     stopping = asyncio.create_task(stop.wait())
     try:
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -161,4 +165,4 @@ def main(argv: list[str]) -> int:
     """Entry point of `luftpause runtime`."""
     config = parse_args(argv)
     log = setup_logging("runtime")
-    return run_async(lambda stop: serve(config, stop, log))
+    return run_async(lambda stop: serve(config, stop, log), name="runtime")

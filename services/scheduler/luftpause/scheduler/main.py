@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 
 from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
-from luftpause.common.runner import run_async
+from luftpause.common.runner import StartupError, run_async
 from luftpause.rpc import scheduler_pb2, scheduler_pb2_grpc
 from luftpause.scheduler.core.events import Tick
 from luftpause.scheduler.core.model import DATAPLANE_GRACE_S
@@ -89,14 +89,23 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     reflection.enable_server_reflection(
         (SERVICE_NAME, reflection.SERVICE_NAME, health.SERVICE_NAME), server
     )
-    server.add_insecure_port(f"{args.host}:{args.grpc_port}")
+    address = f"{args.host}:{args.grpc_port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise StartupError(f"cannot listen for gRPC on {address} (port in use?)") from exc
     await server.start()
     for name in ("", SERVICE_NAME):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
 
     runner = web.AppRunner(build_app(host), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.http_port).start()
+    try:
+        await web.TCPSite(runner, args.host, args.http_port).start()
+    except OSError:
+        await server.stop(grace=None)
+        await runner.cleanup()
+        raise
     log.info(
         "scheduler listening",
         grpc=f"{args.host}:{args.grpc_port}",
@@ -127,4 +136,6 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"luftpause scheduler: {exc}")
         return 2
-    return run_async(lambda stop: serve(args, stop), signals=(signal.SIGINT, signal.SIGTERM))
+    return run_async(
+        lambda stop: serve(args, stop), signals=(signal.SIGINT, signal.SIGTERM), name="scheduler"
+    )

@@ -148,4 +148,6 @@ def main(argv: list[str]) -> int:
             tls = server_tls_context(args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as exc:
             parser.error(f"cannot load the TLS certificate or key: {exc}")
-    return run_async(lambda stop: _serve_until(stop, params, args.host, args.port, tls))
+    return run_async(
+        lambda stop: _serve_until(stop, params, args.host, args.port, tls), name="fake-engine"
+    )
