@@ -139,7 +139,9 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
                 )
             )
             grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
-            extra = ["--no-affinity"] if arm == "luftpause-free" else []
+            # The probe period is 2 s of engine time: scaled like everything else simulated.
+            extra = ["--probe-period", str(2.0 / args.time_scale)]
+            extra += ["--no-affinity"] if arm == "luftpause-free" else []
             await _spawn(
                 exits,
                 workdir,
@@ -241,7 +243,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--kv-tokens", type=int, default=150000)
-    p.add_argument("--max-running", type=int, default=12, help="engine batch cap")
+    p.add_argument("--max-running", type=int, default=4, help="engine batch cap")
     p.add_argument("--interactive", type=int, default=4)
     p.add_argument("--batch", type=int, default=48)
     p.add_argument("--context-chars", type=int, default=8000)
