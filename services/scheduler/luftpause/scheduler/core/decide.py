@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core import expiry, queues
+from luftpause.scheduler.core import expiry, lifecycle, queues
 from luftpause.scheduler.core.events import (
     Action,
     Admit,
@@ -116,7 +116,7 @@ def decide(state: State, event: Event) -> Decision:
                 return queues.remove(state, held), ()
             return _after_turn_end(state, event.turn_id, at, tool_calls=False)
         case RunEnded():
-            state, moved = _forget_run(state, event.run_id)
+            state, moved = lifecycle.forget_run(state, event.run_id)
             return _drain(state, moved, at)
         case ProbeResult():
             return _probe(state, event)
@@ -249,10 +249,10 @@ def _place(
     # A paused interactive run moving away frees the headroom it held on its old replica.
     freed = (
         queues.buckets_for_replica(state, old.replica)
-        if old is not None and _holds_headroom(old) and old.replica != replica.id
+        if old is not None and lifecycle.holds_headroom(old) and old.replica != replica.id
         else []
     )
-    state = _unpause(state, held.run_id)
+    state = lifecycle.unpause(state, held.run_id)
     if old is None:
         run = Run(
             id=held.run_id,
@@ -284,83 +284,15 @@ def _place(
     return state, [*freed, *moved]
 
 
-# --- run phase bookkeeping -----------------------------------------------------------------
-
-
-def _bump_paused(state: State, replica_id: str, delta: int) -> State:
-    replica = state.replicas.get(replica_id)
-    if replica is None:
-        return state
-    updated = evolve(replica, paused_interactive=max(replica.paused_interactive + delta, 0))
-    return set_replica(state, updated)
-
-
-def _holds_headroom(run: Run) -> bool:
-    return run.phase is Phase.TOOL_PAUSED and run.service_class is ServiceClass.INTERACTIVE
-
-
-def _unpause(state: State, run_id: str) -> State:
-    """The run leaves TOOL_PAUSED: release the headroom it held against batch."""
-    run = state.runs.get(run_id)
-    if run is None or not _holds_headroom(run):
-        return state
-    return _bump_paused(state, run.replica, -1)
+# --- run phase bookkeeping (see `lifecycle`) -------------------------------------------------
 
 
 def _after_turn_end(state: State, turn_id: str, at: float, tool_calls: bool) -> Decision:
     turn = state.turns.get(turn_id)
     if turn is None:
         return state, ()
-    state, moved = _end_turn(state, turn, at, tool_calls)
+    state, moved = lifecycle.end_turn(state, turn, at, tool_calls)
     return _drain(state, [*queues.buckets_for_replica(state, turn.replica), *moved], at)
-
-
-def _end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[State, list[Bucket]]:
-    state = expiry.unorder_turn(put(state, turns=state.turns.delete(turn.id)), turn.order)
-    replica = state.replicas.get(turn.replica)
-    if replica is not None:
-        state = set_replica(state, evolve(replica, in_flight=replica.in_flight - 1))
-    if turn.single_pass:
-        return state, []
-    count = state.caller_in_flight.get(turn.caller, 0) - 1
-    callers = state.caller_in_flight
-    callers = (
-        callers.set(turn.caller, count)
-        if count > 0
-        else callers.delete(turn.caller)
-        if turn.caller in callers
-        else callers
-    )
-    state = put(state, caller_in_flight=callers)
-    run = state.runs.get(turn.run_id)
-    if run is None:
-        return state, []
-    left = max(run.turns_in_flight - 1, 0)
-    if left:
-        return put(state, runs=state.runs.set(run.id, evolve(run, turns_in_flight=left))), []
-    if run.ended:
-        return queues.rebucket_run(put(state, runs=state.runs.delete(run.id)), run.id)
-    phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
-    ended = evolve(run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica)
-    state = put(state, runs=state.runs.set(run.id, ended))
-    if _holds_headroom(ended):
-        state = _bump_paused(state, ended.replica, 1)
-    state = expiry.schedule_run_check(state, ended, at + RUN_IDLE_EXPIRY_S)
-    return queues.rebucket_run(state, run.id)
-
-
-def _forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
-    """Forget a run; return the buckets that may now fit (its headroom and held turns)."""
-    run = state.runs.get(run_id)
-    if run is None:
-        return state, []
-    if run.turns_in_flight:
-        return put(state, runs=state.runs.set(run_id, evolve(run, ended=True))), []
-    freed = queues.buckets_for_replica(state, run.replica) if _holds_headroom(run) else []
-    state = _unpause(state, run_id)
-    state = put(state, runs=state.runs.delete(run_id))
-    state, moved = queues.rebucket_run(state, run_id)
-    return state, [*freed, *moved]
 
 
 # --- probes, time --------------------------------------------------------------------------
@@ -393,7 +325,7 @@ def _tick(state: State, at: float) -> Decision:
     state, timed_out = expiry.timed_out_turns(state, at)
     for tid in timed_out:
         turn = state.turns[tid]
-        state, moved = _end_turn(state, turn, at, tool_calls=False)
+        state, moved = lifecycle.end_turn(state, turn, at, tool_calls=False)
         dirty += [*queues.buckets_for_replica(state, turn.replica), *moved]
         actions.append(TurnExpired(turn_id=tid, replica_id=turn.replica))
     state, due = expiry.due_run_checks(state, at)
@@ -401,7 +333,7 @@ def _tick(state: State, at: float) -> Decision:
         run = evolve(state.runs[rid], check_at=-1)
         state = put(state, runs=state.runs.set(rid, run))
         if expiry.idle_expired(run, at):
-            state, moved = _forget_run(state, rid)
+            state, moved = lifecycle.forget_run(state, rid)
             dirty += moved
             actions.append(RunExpired(run_id=rid))
         else:
@@ -421,7 +353,7 @@ def _release_dataplane(state: State, dataplane: str, at: float) -> tuple[State, 
     gone = [t for t in state.turns.values() if t.dataplane == dataplane]
     dirty: list[Bucket] = []
     for turn in gone:
-        state, moved = _end_turn(state, turn, at, tool_calls=False)
+        state, moved = lifecycle.end_turn(state, turn, at, tool_calls=False)
         dirty += [*queues.buckets_for_replica(state, turn.replica), *moved]
     return put(state, dataplanes=state.dataplanes.delete(dataplane)), len(gone), dirty
 

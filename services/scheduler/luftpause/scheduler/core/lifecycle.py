@@ -1,0 +1,92 @@
+"""Run and turn lifecycle bookkeeping of the decision core: how a turn's end or a run's end
+changes the run, the replica's headroom and the held-turn index.
+
+Pure module: functions from State to State, no I/O. Each returns the buckets whose held turns
+may fit because of the change; `decide` drains them.
+"""
+
+from __future__ import annotations
+
+from luftpause.scheduler.core import expiry, queues
+from luftpause.scheduler.core.model import (
+    RUN_IDLE_EXPIRY_S,
+    Bucket,
+    Phase,
+    Run,
+    ServiceClass,
+    State,
+    Turn,
+    evolve,
+    put,
+)
+from luftpause.scheduler.core.placement import set_replica
+
+
+def bump_paused(state: State, replica_id: str, delta: int) -> State:
+    """Change the count of interactive runs paused on a tool at `replica_id` by `delta`."""
+    replica = state.replicas.get(replica_id)
+    if replica is None:
+        return state
+    updated = evolve(replica, paused_interactive=max(replica.paused_interactive + delta, 0))
+    return set_replica(state, updated)
+
+
+def holds_headroom(run: Run) -> bool:
+    """An interactive run paused on a tool: batch keeps a slot free for its return."""
+    return run.phase is Phase.TOOL_PAUSED and run.service_class is ServiceClass.INTERACTIVE
+
+
+def unpause(state: State, run_id: str) -> State:
+    """The run leaves TOOL_PAUSED: release the headroom it held against batch."""
+    run = state.runs.get(run_id)
+    if run is None or not holds_headroom(run):
+        return state
+    return bump_paused(state, run.replica, -1)
+
+
+def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[State, list[Bucket]]:
+    state = expiry.unorder_turn(put(state, turns=state.turns.delete(turn.id)), turn.order)
+    replica = state.replicas.get(turn.replica)
+    if replica is not None:
+        state = set_replica(state, evolve(replica, in_flight=replica.in_flight - 1))
+    if turn.single_pass:
+        return state, []
+    count = state.caller_in_flight.get(turn.caller, 0) - 1
+    callers = state.caller_in_flight
+    callers = (
+        callers.set(turn.caller, count)
+        if count > 0
+        else callers.delete(turn.caller)
+        if turn.caller in callers
+        else callers
+    )
+    state = put(state, caller_in_flight=callers)
+    run = state.runs.get(turn.run_id)
+    if run is None:
+        return state, []
+    left = max(run.turns_in_flight - 1, 0)
+    if left:
+        return put(state, runs=state.runs.set(run.id, evolve(run, turns_in_flight=left))), []
+    if run.ended:
+        return queues.rebucket_run(put(state, runs=state.runs.delete(run.id)), run.id)
+    phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
+    ended = evolve(run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica)
+    state = put(state, runs=state.runs.set(run.id, ended))
+    if holds_headroom(ended):
+        state = bump_paused(state, ended.replica, 1)
+    state = expiry.schedule_run_check(state, ended, at + RUN_IDLE_EXPIRY_S)
+    return queues.rebucket_run(state, run.id)
+
+
+def forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
+    """Forget a run; return the buckets that may now fit (its headroom and held turns)."""
+    run = state.runs.get(run_id)
+    if run is None:
+        return state, []
+    if run.turns_in_flight:
+        return put(state, runs=state.runs.set(run_id, evolve(run, ended=True))), []
+    freed = queues.buckets_for_replica(state, run.replica) if holds_headroom(run) else []
+    state = unpause(state, run_id)
+    state = put(state, runs=state.runs.delete(run_id))
+    state, moved = queues.rebucket_run(state, run_id)
+    return state, [*freed, *moved]
