@@ -19,6 +19,7 @@ from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL
+from luftpause.testkit.status import fetch_status, wait_for_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 GRACE_S = 2.0
@@ -40,17 +41,12 @@ class Pool:
         )
 
     async def status(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as s, s.get(self.status_url) as resp:
-            result: dict[str, Any] = await resp.json()
-            return result
+        return await fetch_status(self.status_url)
 
     async def until(
         self, check: Callable[[dict[str, Any]], bool], timeout: float = 20.0
     ) -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            while not check(st := await self.status()):
-                await asyncio.sleep(0.05)
-            return st
+        return await wait_for_status(self.status_url, check, timeout)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

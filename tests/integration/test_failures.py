@@ -42,6 +42,7 @@ from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.server import make_app
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL
+from luftpause.testkit.status import fetch_status, wait_for_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -132,18 +133,13 @@ class Stack:
         )
 
     async def status(self) -> dict[str, Any]:
-        async with self.session.get(self.status_url) as resp:
-            result: dict[str, Any] = await resp.json()
-            return result
+        return await fetch_status(self.status_url, self.session)
 
     async def until(
         self, check: Callable[[dict[str, Any]], bool], timeout: float = 15.0
     ) -> dict[str, Any]:
         """The first status that passes `check`, polled within `timeout`."""
-        async with asyncio.timeout(timeout):
-            while not check(st := await self.status()):
-                await asyncio.sleep(0.05)
-            return st
+        return await wait_for_status(self.status_url, check, timeout, self.session)
 
     async def replica(self, replica_id: str) -> dict[str, Any]:
         st = await self.status()

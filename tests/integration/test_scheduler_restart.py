@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL
+from luftpause.testkit.status import fetch_status
 
 AGENTS = 40
 TOOLS: list[Any] = [
@@ -105,9 +105,7 @@ class Stack:
         await self.scheduler.wait_http(self.http + "/health")
 
     async def status(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as s, s.get(self.http + "/status") as resp:
-            result: dict[str, Any] = await resp.json()
-            return result
+        return await fetch_status(self.http + "/status")
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
+from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,9 +42,7 @@ def client(stack: LocalStack, **headers: str) -> AsyncOpenAI:
 
 
 async def status(stack: LocalStack) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(stack.status_url) as resp:
-        result: dict[str, Any] = await resp.json()
-        return result
+    return await fetch_status(stack.status_url)
 
 
 async def test_openai_client_streams_a_completion_through_the_dataplane(stack: LocalStack) -> None:

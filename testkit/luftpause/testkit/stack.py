@@ -6,14 +6,12 @@ AsyncExitStack stops them all (by PID) when it closes.
 
 from __future__ import annotations
 
-import asyncio
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
-
 from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.status import wait_for_status
 
 SIM_MODEL = "luftpause-sim"
 
@@ -113,10 +111,6 @@ class LocalStack:
 
     async def wait_healthy(self, timeout: float = 20.0) -> None:
         """Until the scheduler has seen every engine healthy."""
-        async with aiohttp.ClientSession() as s, asyncio.timeout(timeout):
-            while True:
-                async with s.get(self.status_url) as resp:
-                    st = await resp.json()
-                if all(r["healthy"] for r in st["replicas"]):
-                    return
-                await asyncio.sleep(0.05)
+        await wait_for_status(
+            self.status_url, lambda st: all(r["healthy"] for r in st["replicas"]), timeout
+        )
