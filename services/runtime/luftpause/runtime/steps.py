@@ -1,0 +1,164 @@
+"""What a run's state machine takes in and gives out: its phases, events and decisions.
+
+Pure module: frozen values only, no I/O. `machine` consumes the events and returns the
+decisions (and re-exports all of them); `runs` and `journal` build them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from luftpause.runtime.values import (
+    Exceeded,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+
+
+class Phase(StrEnum):
+    RUNNING = "running"
+    TOOLS = "tools"
+    FINISHED = "finished"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    AWAITING_APPROVAL = "AwaitingApproval"
+
+    @property
+    def over(self) -> bool:
+        return self in (Phase.FINISHED, Phase.FAILED, Phase.CANCELLED)
+
+
+# --- events ---
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnCompleted:
+    """The model answered: text and/or tool calls."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolsReturned:
+    """Every pending call of the round has its result."""
+
+    results: tuple[ToolResult, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFailed:
+    error: str
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    reason: str = "cancelled"
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalAsked:
+    """The shell is about to ask the user whether pending call `call_id` may run."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalDecided:
+    call_id: str
+    allow: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BudgetExceeded:
+    """This run's budget is past a limit; the shell cancels its subtree next."""
+
+    exceeded: Exceeded
+
+
+Event = (
+    TurnCompleted
+    | ToolsReturned
+    | TurnFailed
+    | Cancel
+    | ApprovalAsked
+    | ApprovalDecided
+    | BudgetExceeded
+)
+
+
+# --- decisions ---
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartTurn:
+    """Ask the model for the next turn; `offer_tools` false once the budget is spent."""
+
+    messages: tuple[dict[str, Any], ...]
+    offer_tools: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallTools:
+    calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordRound:
+    """Journal this complete round before the next turn starts."""
+
+    round: int
+    assistant: dict[str, Any]
+    results: tuple[ToolResult, ...]
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordFinished:
+    """Journal the outcome, report the run over to the dataplane, wake its awaiters."""
+
+    phase: Phase
+    result: str | None
+    error: str | None
+    usage: Usage = field(default_factory=Usage)
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordTurn:
+    """Journal a turn whose tool call waits for approval, so a restart asks about the same call."""
+
+    round: int
+    assistant: dict[str, Any]
+    usage: Usage
+    asking: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordApproval:
+    call_id: str
+    tool: str
+    allow: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordExceeded:
+    exceeded: Exceeded
+
+
+Decision = (
+    StartTurn
+    | CallTools
+    | RecordRound
+    | RecordFinished
+    | RecordTurn
+    | RecordApproval
+    | RecordExceeded
+)
