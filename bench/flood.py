@@ -87,7 +87,7 @@ async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: li
             with contextlib.suppress(aiohttp.ClientError):
                 async with s.get(url + "/v1/models") as resp:
                     if resp.status == 200:
-                        return url + "/v1"
+                        return url
             await asyncio.sleep(0.2)
 
 
@@ -99,76 +99,99 @@ async def _spawn(
     await proc.wait_http(ready, timeout=60)
 
 
+async def start_engines(
+    exits: AsyncExitStack, workdir: Path, name: str, args: argparse.Namespace, *extra: str
+) -> list[str]:
+    """Two fresh engine simulators with the benchmark's profile; their base URLs."""
+    engines = []
+    for i in range(2):
+        port = free_port()
+        await _spawn(
+            exits,
+            workdir,
+            f"{name}-e{i}",
+            [
+                "fake-engine",
+                "--port",
+                str(port),
+                "--id",
+                f"e{i}",
+                "--model",
+                SIM_MODEL,
+                "--time-scale",
+                str(args.time_scale),
+                "--kv-tokens",
+                str(args.kv_tokens),
+                "--max-running",
+                str(args.max_running),
+                *GPU_PROFILE,
+                *extra,
+            ],
+            f"http://127.0.0.1:{port}/health",
+        )
+        engines.append(f"http://127.0.0.1:{port}")
+    return engines
+
+
+async def start_front(
+    exits: AsyncExitStack,
+    workdir: Path,
+    arm: str,
+    engines: list[str],
+    model: str,
+    probe_period: float,
+) -> str:
+    """What the arm puts in front of `engines`: a router or scheduler + dataplane; its URL.
+
+    The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds.
+    """
+    if arm.startswith("router-"):
+        return await _router(exits, workdir, arm.split("-", 1)[1], engines)
+    config = workdir / f"{arm}.yaml"
+    config.write_text(
+        "endpoints:\n"
+        + "".join(
+            f"  - id: e{i}\n    url: {url}\n    models: [{model}]\n"
+            for i, url in enumerate(engines)
+        )
+    )
+    grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
+    extra = ["--probe-period", str(probe_period)]
+    extra += ["--no-affinity"] if arm == "luftpause-free" else []
+    await _spawn(
+        exits,
+        workdir,
+        f"{arm}-scheduler",
+        [
+            "scheduler",
+            "--config",
+            str(config),
+            "--grpc-port",
+            str(grpc_port),
+            "--http-port",
+            str(http_port),
+            *extra,
+        ],
+        f"http://127.0.0.1:{http_port}/health",
+    )
+    await _spawn(
+        exits,
+        workdir,
+        f"{arm}-dataplane",
+        ["dataplane", "--port", str(dp_port), "--scheduler", f"127.0.0.1:{grpc_port}"],
+        f"http://127.0.0.1:{dp_port}/health",
+    )
+    await asyncio.sleep(probe_period + 0.5)  # one probe period, so the scheduler saw the engines
+    return f"http://127.0.0.1:{dp_port}"
+
+
 async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async with AsyncExitStack() as exits:
-        engines = []
-        for i in range(2):
-            port = free_port()
-            await _spawn(
-                exits,
-                workdir,
-                f"{arm}-e{i}",
-                [
-                    "fake-engine",
-                    "--port",
-                    str(port),
-                    "--id",
-                    f"e{i}",
-                    "--model",
-                    SIM_MODEL,
-                    "--time-scale",
-                    str(args.time_scale),
-                    "--kv-tokens",
-                    str(args.kv_tokens),
-                    "--max-running",
-                    str(args.max_running),
-                    *GPU_PROFILE,
-                ],
-                f"http://127.0.0.1:{port}/health",
-            )
-            engines.append(f"http://127.0.0.1:{port}")
-        if arm.startswith("router-"):
-            base_url = await _router(exits, workdir, arm.split("-", 1)[1], engines)
-        else:
-            config = workdir / f"{arm}.yaml"
-            config.write_text(
-                "endpoints:\n"
-                + "".join(
-                    f"  - id: e{i}\n    url: {url}\n    models: [{SIM_MODEL}]\n"
-                    for i, url in enumerate(engines)
-                )
-            )
-            grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
-            # The probe period is 2 s of engine time: scaled like everything else simulated.
-            extra = ["--probe-period", str(2.0 / args.time_scale)]
-            extra += ["--no-affinity"] if arm == "luftpause-free" else []
-            await _spawn(
-                exits,
-                workdir,
-                f"{arm}-scheduler",
-                [
-                    "scheduler",
-                    "--config",
-                    str(config),
-                    "--grpc-port",
-                    str(grpc_port),
-                    "--http-port",
-                    str(http_port),
-                    *extra,
-                ],
-                f"http://127.0.0.1:{http_port}/health",
-            )
-            await _spawn(
-                exits,
-                workdir,
-                f"{arm}-dataplane",
-                ["dataplane", "--port", str(dp_port), "--scheduler", f"127.0.0.1:{grpc_port}"],
-                f"http://127.0.0.1:{dp_port}/health",
-            )
-            base_url = f"http://127.0.0.1:{dp_port}/v1"
-            await asyncio.sleep(2.5)  # one probe period, so the scheduler has seen the engines
+        engines = await start_engines(exits, workdir, arm, args)
+        # The probe period is 2 s of engine time: scaled like everything else simulated.
+        url = await start_front(exits, workdir, arm, engines, SIM_MODEL, 2.0 / args.time_scale)
         wl = Workload(
-            base_url=base_url,
+            base_url=url + "/v1",
             model=SIM_MODEL,
             interactive=args.interactive,
             batch=args.batch,
