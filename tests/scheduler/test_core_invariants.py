@@ -209,11 +209,19 @@ class CoreMachine(RuleBasedStateMachine):
         waiting=st.sampled_from([None, 0, 1, 1, 2]),
     )
     def probe(self, replica: str, healthy: bool, running: int | None, waiting: int | None) -> None:
+        old_cap = self.state.replicas[replica].cap
         self.step(
             ProbeResult(
                 at=self.now, replica_id=replica, healthy=healthy, running=running, waiting=waiting
             )
         )
+        cap = self.state.replicas[replica].cap
+        if waiting is None or (waiting == 0 and (old_cap is None or not running)):
+            assert cap is None, "no queue reported, or an idle engine, keeps a cap"
+        elif waiting:
+            assert cap == max(running or 0, 1), "a queueing engine is not capped at what it runs"
+        else:
+            assert cap is not None and cap >= old_cap, "a busy engine without a queue lost room"
 
     @rule(run=st.sampled_from(RUNS))
     def end_run(self, run: str) -> None:

@@ -18,7 +18,7 @@ from luftpause.scheduler.core.events import (
     TurnFailed,
     TurnSnapshot,
 )
-from luftpause.scheduler.core.model import Phase, ServiceClass
+from luftpause.scheduler.core.model import Phase, ServiceClass, State
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 
 BATCH = ServiceClass.BATCH
@@ -114,6 +114,42 @@ def test_queueing_engine_is_capped_at_what_it_runs() -> None:
     for i in range(5):
         state, _ = admit(state, f"t{i}", f"r{i}")
     assert state.replicas["a"].in_flight == 3 and len(state.held) == 2
+
+
+def probe(state: State, rid: str, running: int, waiting: int) -> State:
+    state, _ = decide(
+        state, ProbeResult(at=0, replica_id=rid, healthy=True, running=running, waiting=waiting)
+    )
+    return state
+
+
+def test_capped_engine_keeps_its_cap_when_its_queue_empties() -> None:
+    state = probe(cap(pool("a"), "a", 3), "a", 2, 0)
+    assert state.replicas["a"].cap == 3
+    for i in range(5):
+        state, _ = admit(state, f"t{i}", f"r{i}")
+    assert state.replicas["a"].in_flight == 3 and len(state.held) == 2
+
+
+def test_engine_running_at_its_cap_without_a_queue_gets_one_more_slot() -> None:
+    state = cap(pool("a"), "a", 2)
+    for i in range(4):
+        state, _ = admit(state, f"t{i}", f"r{i}")
+    state, actions = decide(
+        state, ProbeResult(at=0, replica_id="a", healthy=True, running=2, waiting=0)
+    )
+    assert state.replicas["a"].cap == 3 and placed(actions) == {"t2": "a"}
+    state, actions = decide(
+        state, ProbeResult(at=0, replica_id="a", healthy=True, running=3, waiting=0)
+    )
+    assert state.replicas["a"].cap == 4 and placed(actions) == {"t3": "a"}
+    state = probe(state, "a", 3, 1)  # the extra turn queued: back to what it runs
+    assert state.replicas["a"].cap == 3
+
+
+def test_idle_engine_is_uncapped_again() -> None:
+    state = probe(cap(pool("a"), "a", 3), "a", 0, 0)
+    assert state.replicas["a"].cap is None
 
 
 def test_held_turn_is_placed_when_capacity_frees() -> None:

@@ -187,6 +187,9 @@ async def test_router_load_is_the_sum_of_the_engines_behind_it_not_its_own_metri
             assert replica.capacity == 7
             gpu0.metrics, gpu1.metrics = sglang(1, 0), sglang(2, 0)
             replica = await until(host, "router", load_is(3, 0))
+            assert replica.capacity == 7  # no queue, but the cap holds until the pool idles
+            gpu0.metrics, gpu1.metrics = sglang(0, 0), sglang(0, 0)
+            replica = await until(host, "router", load_is(0, 0))
             assert replica.capacity is None
 
 

@@ -55,9 +55,9 @@ from luftpause.scheduler.core.model import (
     ServiceClass,
     State,
     Turn,
-    cap_for,
     draft,
     evolve,
+    next_cap,
     put,
 )
 from luftpause.scheduler.core.placement import (
@@ -302,10 +302,12 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
     replica = state.replicas.get(ev.replica_id)
     if replica is None:
         return state, ()
-    if (replica.healthy, replica.engine_running, replica.engine_waiting) == (
+    cap = next_cap(replica.cap, ev.running, ev.waiting)
+    if (replica.healthy, replica.engine_running, replica.engine_waiting, replica.cap) == (
         ev.healthy,
         ev.running,
         ev.waiting,
+        cap,
     ):
         return state, ()
     updated = evolve(
@@ -313,7 +315,7 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
         healthy=ev.healthy,
         engine_running=ev.running,
         engine_waiting=ev.waiting,
-        cap=cap_for(ev.running, ev.waiting),
+        cap=cap,
     )
     state = set_replica(state, updated)
     return _drain(state, queues.buckets_for_replica(state, replica.id), ev.at)

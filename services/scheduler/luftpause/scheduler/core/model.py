@@ -80,11 +80,23 @@ class Phase(StrEnum):
     TOOL_PAUSED = "tool_paused"
 
 
-def cap_for(running: int | None, waiting: int | None) -> int | None:
-    """Turn cap: none while the engine reports no queue; once it queues, what it runs."""
-    if not waiting:
+def next_cap(cap: int | None, running: int | None, waiting: int | None) -> int | None:
+    """The turn cap after a probe saw the engine run `running` and queue `waiting` requests.
+
+    Uncapped while the engine reports no queue (or no load at all). Once it queues, the cap
+    is what it runs, and it stays: a probe that finds the engine running at the cap with no
+    queue raises it by one (room to try), a queue brings it back to what the engine runs, and
+    only an idle engine lifts it. Without this hysteresis a capped engine shows an empty queue
+    (the cap keeps it empty), the cap lifts, every held turn floods its queue at once, and a
+    continuation waits behind all of them until the next probe.
+    """
+    if waiting is None:
         return None
-    return max(running or 0, 1)
+    if waiting > 0:
+        return max(running or 0, 1)
+    if cap is None or not running:
+        return None
+    return cap + 1 if running >= cap else cap
 
 
 def _check_id(name: str, value: str) -> None:
@@ -111,7 +123,7 @@ class Replica:
     in_flight: int = 0
     # Interactive runs paused on a tool here: batch leaves one slot for each.
     paused_interactive: int = 0
-    # Turn cap from the engine's load: None while it reports no waiting queue (see `cap_for`).
+    # Turn cap from the engine's load: see `next_cap`.
     cap: int | None = None
 
     def __post_init__(self) -> None:
