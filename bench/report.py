@@ -1,0 +1,230 @@
+"""The benchmark report: Markdown tables and a PNG plot from the JSON results.
+
+Run: `.venv/bin/python -m bench.report` (the last step of `make bench` and `make bench-real`).
+Reads whichever of bench/results/{flood,flood_mcp,flood_real,overhead}.json exist and writes
+bench/results/RESULTS.md and bench/results/flood.png. The original product's published
+figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside ours: a ratio against
+the class-blind router compares across test beds, absolute runs/min do not.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS
+
+# Flood results and their titles, in report order.
+FLOODS = {
+    "flood": "Own-loop agents through the dataplane, simulated pool",
+    "flood_mcp": "Sub-agents over MCP through the runtime, simulated pool",
+    "flood_real": "Own-loop agents through the dataplane, real pool (llama.cpp, Gemma 3 270M)",
+}
+BASELINE = "router-cache_aware"
+OURS = "luftpause"
+
+# The seed's published figures: (interactive runs/min per repeat, interactive run time p50 per
+# repeat, batch runs/min per repeat). Its baseline is the SGLang router, class-blind.
+SEED: dict[str, dict[str, tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]]] = {
+    "flood": {
+        "router (class-blind)": ((6.0, 6.7), (38.5, 33.6), (83.7, 82.3)),
+        "luftpause, runs free to move": ((8.7, 9.0), (23.2, 25.9), (79.3, 79.0)),
+        "luftpause": ((12.0, 13.3), (18.5, 19.8), (75.7, 76.0)),
+    },
+    "flood_mcp": {
+        "runtime straight to the router": ((3.0, 3.0), (56.6, 59.5), (39.2, 36.5)),
+        "luftpause, runs free to move": ((4.0, 5.0, 4.3, 5.6), (44.4, 36.7), (35.5, 36.6)),
+        "luftpause": ((8.0, 8.0), (29.2, 25.2), (36.2, 38.5)),
+    },
+}
+SEED_BASELINE = {"flood": "router (class-blind)", "flood_mcp": "runtime straight to the router"}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _vals(reps: list[dict[str, Any]], cls: str, key: str) -> list[float]:
+    return [r[cls][key] for r in reps if r.get(cls, {}).get(key) is not None]
+
+
+def _fmt(value: float | None) -> str:
+    """Three significant digits; whole numbers from 100 up."""
+    if value is None:
+        return "-"
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _pair(reps: list[dict[str, Any]], cls: str, a: str, b: str) -> str:
+    return f"{_fmt(_median(_vals(reps, cls, a)))} / {_fmt(_median(_vals(reps, cls, b)))}"
+
+
+def flood_table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """One row per arm; per-repeat rates, medians over repeats for the rest."""
+    rows = [
+        "| arm | interactive runs/min | interactive run time p50 / p99 (s) | batch runs/min "
+        "| TTFT p50 / p99 interactive (s) | TTFT p50 / p99 batch (s) | cached prompt share "
+        "| Jain (callers) | runs moved | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for arm, reps in results.items():
+        ia = " / ".join(_fmt(v) for v in _vals(reps, "interactive", "runs_per_min"))
+        ba = " / ".join(_fmt(v) for v in _vals(reps, "batch", "runs_per_min"))
+        errors = sum(r[c]["errors"] for r in reps for c in ("interactive", "batch"))
+        moved = sum(r[c].get("runs_moved", 0) or 0 for r in reps for c in ("interactive", "batch"))
+        rows.append(
+            f"| {arm} | {ia} | {_pair(reps, 'interactive', 'run_time_p50_s', 'run_time_p99_s')} "
+            f"| {ba} | {_pair(reps, 'interactive', 'ttft_p50_s', 'ttft_p99_s')} "
+            f"| {_pair(reps, 'batch', 'ttft_p50_s', 'ttft_p99_s')} "
+            f"| {_fmt(_median(_vals(reps, 'batch', 'cached_share')))} "
+            f"| {_fmt(_median(_vals(reps, 'batch', 'jain_callers')))} | {moved} | {errors} |"
+        )
+    return "\n".join(rows)
+
+
+def ratios(results: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
+    """luftpause against cache_aware: interactive runs/min ratio, batch change, p50 ratio."""
+    if BASELINE not in results or OURS not in results:
+        return None
+
+    def med(arm: str, cls: str, key: str) -> float | None:
+        return _median(_vals(results[arm], cls, key))
+
+    base_i, ours_i = (
+        med(BASELINE, "interactive", "runs_per_min"),
+        med(OURS, "interactive", "runs_per_min"),
+    )
+    base_b, ours_b = med(BASELINE, "batch", "runs_per_min"), med(OURS, "batch", "runs_per_min")
+    base_t, ours_t = (
+        med(BASELINE, "interactive", "run_time_p50_s"),
+        med(OURS, "interactive", "run_time_p50_s"),
+    )
+    out: dict[str, float] = {}
+    if base_i and ours_i is not None:
+        out["interactive_x"] = round(ours_i / base_i, 2)
+    if base_b and ours_b is not None:
+        out["batch_change"] = round(ours_b / base_b - 1, 3)
+    if base_t and ours_t:
+        out["run_time_p50_x"] = round(ours_t / base_t, 2)
+    return out
+
+
+def seed_section(name: str) -> str:
+    seed = SEED.get(name)
+    if seed is None:
+        return ""
+    rows = [
+        "| seed's arm (laptop GPU, SGLang) | interactive runs/min | interactive run time p50 (s) "
+        "| batch runs/min |",
+        "| --- | --- | --- | --- |",
+    ]
+    for arm, (ia, p50, ba) in seed.items():
+        rows.append(
+            f"| {arm} | {' / '.join(f'{v:g}' for v in ia)} | "
+            f"{' / '.join(f'{v:g}' for v in p50)} | {' / '.join(f'{v:g}' for v in ba)} |"
+        )
+    base = seed[SEED_BASELINE[name]]
+    ours = seed["luftpause"]
+    ix = statistics.fmean(ours[0]) / statistics.fmean(base[0])
+    bx = statistics.fmean(ours[2]) / statistics.fmean(base[2]) - 1
+    rows.append("")
+    rows.append(f"Seed: interactive {ix:.2f}x the router, batch {bx:+.0%}.")
+    return "\n".join(rows)
+
+
+def flood_section(name: str, data: dict[str, Any]) -> str:
+    results = data["results"]
+    parts = [f"## {FLOODS[name]}", ""]
+    args = data.get("args", {})
+    if args:
+        shown = ", ".join(f"{k}={v}" for k, v in args.items() if k != "arms")
+        parts += [f"Arguments: {shown}. Measured {data.get('machine', {}).get('when', '?')}.", ""]
+    parts += [flood_table(results), ""]
+    r = ratios(results)
+    if r:
+        line = (
+            f"luftpause against `{BASELINE}`: interactive runs/min {r.get('interactive_x', '-')}x"
+        )
+        if "batch_change" in r:
+            line += f", batch {r['batch_change']:+.1%}"
+        if "run_time_p50_x" in r:
+            line += f", interactive run time p50 {r['run_time_p50_x']}x"
+        parts += [line + ".", ""]
+    seed = seed_section(name)
+    if seed:
+        parts += [seed, ""]
+    return "\n".join(parts)
+
+
+def plot(floods: dict[str, dict[str, Any]], path: Path) -> None:
+    """Per flood: interactive runs/min, interactive run time p50 and batch runs/min by arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = (
+        ("interactive", "runs_per_min", "interactive runs/min"),
+        ("interactive", "run_time_p50_s", "interactive run time p50 (s)"),
+        ("batch", "runs_per_min", "batch runs/min"),
+    )
+    fig, axes = plt.subplots(
+        len(metrics), len(floods), figsize=(4.6 * len(floods), 9), squeeze=False
+    )
+    for col, (name, data) in enumerate(floods.items()):
+        arms = list(data["results"])
+        for row, (cls, key, label) in enumerate(metrics):
+            ax = axes[row][col]
+            meds, lows, highs = [], [], []
+            for arm in arms:
+                vals = _vals(data["results"][arm], cls, key) or [0.0]
+                m = statistics.median(vals)
+                meds.append(m)
+                lows.append(m - min(vals))
+                highs.append(max(vals) - m)
+            colors = ["#1f77b4" if a.startswith("luftpause") else "#999999" for a in arms]
+            ax.bar(range(len(arms)), meds, yerr=[lows, highs], color=colors, capsize=3)
+            ax.set_xticks(range(len(arms)))
+            ax.set_xticklabels([a.replace("router-", "router\n") for a in arms], fontsize=7)
+            ax.set_ylabel(label, fontsize=8)
+            if row == 0:
+                ax.set_title(name.replace("_", " "), fontsize=9)
+    fig.suptitle("Batch flood: median over repeats, bars show min..max", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    floods = {}
+    for name in FLOODS:
+        path = RESULTS / f"{name}.json"
+        if path.exists():
+            floods[name] = json.loads(path.read_text())
+    parts = [
+        "# Benchmark results",
+        "",
+        "Generated by `python -m bench.report` from the JSON files beside this one; do not edit.",
+        "",
+    ]
+    for name, data in floods.items():
+        parts.append(flood_section(name, data))
+    overhead = RESULTS / "overhead.json"
+    if overhead.exists():
+        data = json.loads(overhead.read_text())
+        if data.get("table"):
+            parts += ["## Proxy overhead (instant-reply engine, kept-alive connections)", ""]
+            parts += [data["table"], ""]
+    out = RESULTS / "RESULTS.md"
+    out.write_text("\n".join(parts))
+    print(f"wrote {out}")
+    if floods:
+        png = RESULTS / "flood.png"
+        plot(floods, png)
+        print(f"wrote {png}")
+
+
+if __name__ == "__main__":
+    main()
