@@ -7,6 +7,15 @@ tool call "takes" `--tool-seconds`. Turns stream, so time to first token is meas
 usage (prompt and cached tokens) comes from the final usage chunk. Against the simulator the
 `x-sim-tool-rounds` header makes it script exactly that many calls.
 
+For a real base model (`--preamble gemma`, see bench/real_pool.py) every run's conversation
+starts with the same example messages: a system message that describes the tool-call format and
+two exchanges with real `tool_calls`. `--keep-tools` offers the tools on every turn and sends
+`tool_choice: none` once the calls are spent, so the rendered prompt keeps its prefix (an engine
+template that lists the tools up front would otherwise change the prompt's start). A base model
+rarely ends its turn, so `--stop '</tool_call>'` ends a turn after its first call, and a reply
+cut at `--max-tokens` (finish reason "length") ends its turn like any other: a tool call cut
+short (arguments not JSON) is dropped, since no engine takes it back in the history.
+
 Output: JSON with one record per run and a summary per class: runs/min (runs finished inside
 the window), run time p50/p99, TTFT p50/p99, share of prompt tokens from cache, errors, and
 Jain's fairness index over callers' completed runs.
@@ -48,6 +57,9 @@ class Run:
     errors: int = 0
     replicas: list[str] = field(default_factory=list)
     completed: bool = False
+    tool_calls: int = 0
+    dropped_calls: int = 0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +75,54 @@ class Workload:
     seed: int
     callers: int
     api_key: str = "x"
+    max_tokens: int = 64
+    preamble: str = "none"
+    keep_tools: bool = False
+    temperature: float | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.preamble not in PREAMBLES:
+            raise ValueError(f"unknown preamble {self.preamble!r}; one of {sorted(PREAMBLES)}")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+
+
+def _call(call_id: str, query: str) -> dict[str, Any]:
+    arguments = json.dumps({"query": query})
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": "lookup", "arguments": arguments},
+    }
+
+
+# Few-shot examples for Gemma 3 270M, a base model: it follows the pattern it is shown.
+GEMMA_PREAMBLE: list[dict[str, Any]] = [
+    {
+        "role": "system",
+        "content": (
+            "You are a research agent. To look up a fact, call the lookup tool by writing "
+            '<tool_call>{"name": "lookup", "arguments": {"query": "..."}}</tool_call> and '
+            "nothing else. After the tool responds, look up another fact or answer in one "
+            "short sentence."
+        ),
+    },
+    {"role": "user", "content": "Task: how long is the river Loire? Look up facts."},
+    {"role": "assistant", "content": None, "tool_calls": [_call("ex-1", "length of the Loire")]},
+    {"role": "tool", "tool_call_id": "ex-1", "content": "1,006 km"},
+    {"role": "assistant", "content": "The Loire is 1,006 km long."},
+    {
+        "role": "user",
+        "content": "Task: when was the town hall of Lyon built, and how tall is it? Look up facts.",
+    },
+    {"role": "assistant", "content": None, "tool_calls": [_call("ex-2", "Lyon town hall built")]},
+    {"role": "tool", "tool_call_id": "ex-2", "content": "1651"},
+    {"role": "assistant", "content": None, "tool_calls": [_call("ex-3", "Lyon town hall height")]},
+    {"role": "tool", "tool_call_id": "ex-3", "content": "42 m"},
+    {"role": "assistant", "content": "The town hall of Lyon was built in 1651 and is 42 m tall."},
+]
+PREAMBLES: dict[str, list[dict[str, Any]]] = {"none": [], "gemma": GEMMA_PREAMBLE}
 
 
 def pad(rng: random.Random, chars: int) -> str:
@@ -85,13 +145,21 @@ async def turn(
     t0 = time.monotonic()
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
-    kwargs: dict[str, Any] = {"tools": LOOKUP_TOOL} if offer_tools else {}
+    kwargs: dict[str, Any] = {}
+    if offer_tools:
+        kwargs["tools"] = LOOKUP_TOOL
+    elif wl.keep_tools:
+        kwargs.update(tools=LOOKUP_TOOL, tool_choice="none")
+    if wl.temperature is not None:
+        kwargs["temperature"] = wl.temperature
+    if wl.stop:
+        kwargs["stop"] = list(wl.stop)
     try:
         stream = await client.chat.completions.create(
             model=wl.model,
             messages=messages,
             stream=True,
-            max_tokens=64,
+            max_tokens=wl.max_tokens,
             stream_options={"include_usage": True},
             extra_headers=headers,
             **kwargs,
@@ -104,7 +172,11 @@ async def turn(
                 run.cached_tokens += (details.cached_tokens or 0) if details else 0
             if not chunk.choices:
                 continue
-            delta = chunk.choices[0].delta
+            choice = chunk.choices[0]
+            if choice.finish_reason:  # "length" (cut at max_tokens) is a normal end of turn
+                reasons = run.finish_reasons
+                reasons[choice.finish_reason] = reasons.get(choice.finish_reason, 0) + 1
+            delta = choice.delta
             if first and (delta.content or delta.tool_calls):
                 run.ttft_s.append(time.monotonic() - t0)
                 run.replicas.append(chunk.system_fingerprint or "?")
@@ -120,21 +192,34 @@ async def turn(
         run.errors += 1
         return None
     run.turns += 1
+    whole = [c for c in calls.values() if _is_json(c["arguments"])]
+    run.dropped_calls += len(calls) - len(whole)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-    if calls:
+    if whole:
         message["tool_calls"] = [
             {
                 "id": c["id"],
                 "type": "function",
                 "function": {"name": c["name"], "arguments": c["arguments"]},
             }
-            for c in calls.values()
+            for c in whole
         ]
     return message
 
 
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 async def one_run(client: AsyncOpenAI, run: Run, wl: Workload, rng: random.Random) -> None:
-    messages: list[Any] = [{"role": "user", "content": pad(rng, wl.context_chars)}]
+    messages: list[Any] = [
+        *PREAMBLES[wl.preamble],
+        {"role": "user", "content": pad(rng, wl.context_chars)},
+    ]
     spent = 0
     while run.turns < wl.tool_calls + 4 and run.errors < 20:
         message = await turn(client, run, wl, messages, offer_tools=spent < wl.tool_calls)
@@ -147,6 +232,7 @@ async def one_run(client: AsyncOpenAI, run: Run, wl: Workload, rng: random.Rando
             break
         for call in message["tool_calls"]:
             spent += 1
+            run.tool_calls += 1
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42 km"})
         await asyncio.sleep(wl.tool_seconds)
     run.ended = time.monotonic()
@@ -209,6 +295,10 @@ def summarise(runs: list[Run], start: float, wl: Workload) -> dict[str, Any]:
             "errors": sum(r.errors for r in mine),
             "jain_callers": jain([float(v) for v in per_caller.values()]),
             "runs_moved": sum(1 for r in mine if len(set(r.replicas)) > 1),
+            "tool_calls_per_run": round(sum(r.tool_calls for r in done) / len(done), 2)
+            if done
+            else None,
+            "turns_cut_at_max_tokens": sum(r.finish_reasons.get("length", 0) for r in mine),
         }
     return out
 
@@ -251,6 +341,20 @@ def parse_args(argv: list[str]) -> Workload:
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--callers", type=int, default=4, help="distinct x-luftpause-caller values")
+    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every turn")
+    p.add_argument(
+        "--preamble",
+        choices=sorted(PREAMBLES),
+        default="none",
+        help="example messages at the start of every run (gemma: for a base model)",
+    )
+    p.add_argument(
+        "--keep-tools",
+        action="store_true",
+        help="offer tools on every turn; tool_choice none once the calls are spent",
+    )
+    p.add_argument("--temperature", type=float, help="sampling temperature (engine default)")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
     a = p.parse_args(argv)
     return Workload(
         base_url=a.base_url,
@@ -263,6 +367,11 @@ def parse_args(argv: list[str]) -> Workload:
         window_s=a.window_s,
         seed=a.seed,
         callers=max(a.callers, 1),
+        max_tokens=a.max_tokens,
+        preamble=a.preamble,
+        keep_tools=a.keep_tools,
+        temperature=a.temperature,
+        stop=tuple(a.stop),
     )
 
 
