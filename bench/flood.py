@@ -30,6 +30,8 @@ from typing import Any
 import aiohttp
 
 from bench.common import write_result
+from bench.report import flood_table as table
+from luftpause.scheduler.prober import parse_load
 from luftpause.testkit.loadgen import Workload, run_workload
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL
@@ -59,6 +61,8 @@ async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: li
         "127.0.0.1",
         "--port",
         str(port),
+        "--prometheus-port",
+        str(free_port()),
         "--policy",
         policy,
         "--worker-urls",
@@ -185,14 +189,73 @@ async def start_front(
     return f"http://127.0.0.1:{dp_port}"
 
 
+async def sample_load(engines: list[str], period: float, out: dict[str, list[int]]) -> None:
+    """Poll each engine's /metrics until cancelled: running and waiting, summed over engines."""
+    async with aiohttp.ClientSession() as session:
+        while True:
+            running = waiting = 0
+            for url in engines:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with session.get(url + "/metrics") as resp:
+                        load = parse_load(await resp.text())
+                        if load is not None:
+                            running += load.running
+                            waiting += load.waiting
+            out["running"].append(running)
+            out["waiting"].append(waiting)
+            await asyncio.sleep(period)
+
+
+def load_summary(samples: dict[str, list[int]]) -> dict[str, float | None]:
+    """Mean running and waiting over the window, both engines together."""
+    return {
+        f"engine_{key}_mean": round(statistics.fmean(vals), 2) if vals else None
+        for key, vals in samples.items()
+    }
+
+
+# Per pool: the workload and engine settings an argument left unset takes. The real pool is two
+# CPU cores serving Gemma 3 270M; its workload is scaled down to what they can serve
+# (see bench/real_pool.py), and its time is real (time scale 1).
+POOL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "sim": {
+        "window_s": 60.0,
+        "time_scale": 4.0,
+        "interactive": 4,
+        "batch": 48,
+        "context_chars": 8000,
+        "tool_calls": 3,
+        "max_tokens": 64,
+    },
+    "real": {
+        "window_s": 240.0,
+        "time_scale": 1.0,
+        "interactive": 1,
+        "batch": 6,
+        "context_chars": 4000,
+        "tool_calls": 2,
+        "max_tokens": 24,
+    },
+}
+# What a base model needs to call tools (see testkit.loadgen and bench/real_pool.py).
+REAL_WORKLOAD = {"preamble": "gemma", "keep_tools": True, "stop": ("</tool_call>",)}
+
+
 async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async with AsyncExitStack() as exits:
-        engines = await start_engines(exits, workdir, arm, args)
+        if args.pool == "real":
+            from bench.real_pool import MODEL, start_real_engines
+
+            model, extra = MODEL, REAL_WORKLOAD
+            engines = await start_real_engines(exits, workdir, 2)
+        else:
+            model, extra = SIM_MODEL, {}
+            engines = await start_engines(exits, workdir, arm, args)
         # The probe period is 2 s of engine time: scaled like everything else simulated.
-        url = await start_front(exits, workdir, arm, engines, SIM_MODEL, 2.0 / args.time_scale)
+        url = await start_front(exits, workdir, arm, engines, model, 2.0 / args.time_scale)
         wl = Workload(
             base_url=url + "/v1",
-            model=SIM_MODEL,
+            model=model,
             interactive=args.interactive,
             batch=args.batch,
             context_chars=args.context_chars,
@@ -201,46 +264,31 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             window_s=args.window_s,
             seed=args.seed,
             callers=4,
+            max_tokens=args.max_tokens,
+            **extra,
         )
-        result = await run_workload(wl)
-        return result["summary"]
+        samples: dict[str, list[int]] = {"running": [], "waiting": []}
+        sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
+        try:
+            result = await run_workload(wl)
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+        return {**result["summary"], "engines": load_summary(samples)}
 
 
 def _scale(summary: dict[str, Any], time_scale: float) -> dict[str, Any]:
     """Express rates and durations in simulated time (what the engines model)."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"engines": summary.get("engines", {})}
     for cls, s in summary.items():
+        if cls == "engines":
+            continue
         out[cls] = {**s, "runs_per_min": round(s["runs_per_min"] / time_scale, 2)}
         for key in ("run_time_p50_s", "run_time_p99_s", "ttft_p50_s", "ttft_p99_s"):
             if s[key] is not None:
                 out[cls][key] = round(s[key] * time_scale, 2)
     return out
-
-
-def table(results: dict[str, list[dict[str, Any]]]) -> str:
-    rows = [
-        "| arm | interactive runs/min | interactive run time p50 / p99 (s) | batch runs/min "
-        "| TTFT p50 interactive / batch (s) | cached prompt share | Jain (batch callers) "
-        "| errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for arm, reps in results.items():
-
-        def med(cls: str, key: str, reps: list[dict[str, Any]] = reps) -> str:
-            vals = [r[cls][key] for r in reps if r[cls][key] is not None]
-            return f"{statistics.median(vals):g}" if vals else "-"
-
-        ia = " / ".join(str(r["interactive"]["runs_per_min"]) for r in reps)
-        ba = " / ".join(str(r["batch"]["runs_per_min"]) for r in reps)
-        errors = sum(r[c]["errors"] for r in reps for c in ("interactive", "batch"))
-        rows.append(
-            f"| {arm} | {ia} | {med('interactive', 'run_time_p50_s')} / "
-            f"{med('interactive', 'run_time_p99_s')} | {ba} | "
-            f"{med('interactive', 'ttft_p50_s')} / {med('batch', 'ttft_p50_s')} | "
-            f"{med('batch', 'cached_share')} | {med('batch', 'jain_callers')} | "
-            f"{errors} |"
-        )
-    return "\n".join(rows)
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
@@ -253,7 +301,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             print(
                 f"repeat {rep + 1} {arm}: interactive "
                 f"{summary['interactive']['runs_per_min']}/min, batch "
-                f"{summary['batch']['runs_per_min']}/min",
+                f"{summary['batch']['runs_per_min']}/min, engines {summary['engines']}",
                 flush=True,
             )
     return {"results": results, "table": table(results), "logs": str(workdir)}
@@ -261,20 +309,26 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--pool", choices=sorted(POOL_DEFAULTS), default="sim")
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    p.add_argument("--window-s", type=float, default=180.0, help="real seconds per arm")
+    p.add_argument("--window-s", type=float, help="real seconds per arm (sim 60, real 240)")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--time-scale", type=float, default=4.0)
-    p.add_argument("--kv-tokens", type=int, default=150000)
-    p.add_argument("--max-running", type=int, default=4, help="engine batch cap")
-    p.add_argument("--interactive", type=int, default=4)
-    p.add_argument("--batch", type=int, default=48)
-    p.add_argument("--context-chars", type=int, default=8000)
-    p.add_argument("--tool-calls", type=int, default=3)
+    p.add_argument("--time-scale", type=float, help="simulated time per real second (sim 4)")
+    p.add_argument("--kv-tokens", type=int, default=150000, help="simulator KV pool")
+    p.add_argument("--max-running", type=int, default=4, help="simulator batch cap")
+    p.add_argument("--interactive", type=int, help="interactive agents (sim 4, real 1)")
+    p.add_argument("--batch", type=int, help="batch agents (sim 48, real 6)")
+    p.add_argument("--context-chars", type=int, help="characters of context (sim 8000)")
+    p.add_argument("--tool-calls", type=int, help="tool calls per run at most (sim 3)")
+    p.add_argument("--max-tokens", type=int, help="reply tokens per turn at most (sim 64)")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
+    for key, value in POOL_DEFAULTS[args.pool].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     out = asyncio.run(main_async(args))
-    path = write_result("flood", {"benchmark": "flood", "args": vars(args), **out})
+    name = "flood" if args.pool == "sim" else f"flood_{args.pool}"
+    path = write_result(name, {"benchmark": name, "args": vars(args), **out})
     print(out["table"])
     print(f"wrote {path}")
 

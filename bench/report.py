@@ -66,8 +66,8 @@ def flood_table(results: dict[str, list[dict[str, Any]]]) -> str:
     rows = [
         "| arm | interactive runs/min | interactive run time p50 / p99 (s) | batch runs/min "
         "| TTFT p50 / p99 interactive (s) | TTFT p50 / p99 batch (s) | cached prompt share "
-        "| Jain (callers) | runs moved | errors |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| Jain (callers) | runs moved | engines running / waiting (mean) | errors |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for arm, reps in results.items():
         ia = " / ".join(_fmt(v) for v in _vals(reps, "interactive", "runs_per_min"))
@@ -79,7 +79,9 @@ def flood_table(results: dict[str, list[dict[str, Any]]]) -> str:
             f"| {ba} | {_pair(reps, 'interactive', 'ttft_p50_s', 'ttft_p99_s')} "
             f"| {_pair(reps, 'batch', 'ttft_p50_s', 'ttft_p99_s')} "
             f"| {_fmt(_median(_vals(reps, 'batch', 'cached_share')))} "
-            f"| {_fmt(_median(_vals(reps, 'batch', 'jain_callers')))} | {moved} | {errors} |"
+            f"| {_fmt(_median(_vals(reps, 'batch', 'jain_callers')))} | {moved} "
+            f"| {_pair(reps, 'engines', 'engine_running_mean', 'engine_waiting_mean')} "
+            f"| {errors} |"
         )
     return "\n".join(rows)
 
