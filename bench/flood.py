@@ -230,15 +230,20 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
     "real": {
         "window_s": 240.0,
         "time_scale": 1.0,
-        "interactive": 1,
-        "batch": 6,
-        "context_chars": 4000,
+        "interactive": 4,
+        "batch": 12,
+        "context_chars": 3000,
         "tool_calls": 2,
-        "max_tokens": 24,
+        "max_tokens": 40,
     },
 }
 # What a base model needs to call tools (see testkit.loadgen and bench/real_pool.py).
-REAL_WORKLOAD = {"preamble": "gemma", "keep_tools": True, "stop": ("</tool_call>",)}
+REAL_WORKLOAD = {
+    "preamble": "gemma",
+    "keep_tools": True,
+    "stop": ("</tool_call>",),
+    "temperature": 0.3,
+}
 
 
 async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -316,8 +321,8 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, help="simulated time per real second (sim 4)")
     p.add_argument("--kv-tokens", type=int, default=150000, help="simulator KV pool")
     p.add_argument("--max-running", type=int, default=4, help="simulator batch cap")
-    p.add_argument("--interactive", type=int, help="interactive agents (sim 4, real 1)")
-    p.add_argument("--batch", type=int, help="batch agents (sim 48, real 6)")
+    p.add_argument("--interactive", type=int, help="interactive agents (sim 4, real 4)")
+    p.add_argument("--batch", type=int, help="batch agents (sim 48, real 12)")
     p.add_argument("--context-chars", type=int, help="characters of context (sim 8000)")
     p.add_argument("--tool-calls", type=int, help="tool calls per run at most (sim 3)")
     p.add_argument("--max-tokens", type=int, help="reply tokens per turn at most (sim 64)")

@@ -1,7 +1,7 @@
 """Interactive sub-agents under a batch flood, through the MCP runtime: bench.flood's arms with
 the runtime between the load and the front.
 
-Run: `.venv/bin/python -m bench.flood_mcp [--window-s 180] [--repeats 2] [--time-scale 4]`.
+Run: `.venv/bin/python -m bench.flood_mcp [--window-s 60] [--repeats 2] [--time-scale 4]`.
 Per arm and repeat, all fresh: two engine simulators (bench.flood's GPU-class profile, each run
 scripted to make `--tool-calls` tool calls), the arm's front (bench.flood.start_front), fake-mcp
 with `lookup` taking 1 s of simulated time, and a runtime whose dataplane is that front. Against
@@ -188,7 +188,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
-    p.add_argument("--window-s", type=float, default=180.0, help="real seconds per arm")
+    p.add_argument("--window-s", type=float, default=60.0, help="real seconds per arm")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--kv-tokens", type=int, default=150000)
