@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import statistics
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write_result
-from bench.flood import ARMS, _scale, start_engines, start_front
+from bench.flood import ARMS, _scale, load_summary, sample_load, start_engines, start_front
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL
@@ -120,7 +121,14 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
         )
         before = (_proc_cpu(runtime.pid), _proc_cpu(fake.pid), _self_cpu(), _machine_cpu())
         t0 = time.monotonic()
-        result = await run_mcp_workload(wl)
+        samples: dict[str, list[int]] = {"running": [], "waiting": []}
+        sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
+        try:
+            result = await run_mcp_workload(wl)
+        finally:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
         seconds = time.monotonic() - t0
         after = (_proc_cpu(runtime.pid), _proc_cpu(fake.pid), _self_cpu(), _machine_cpu())
     busy = after[3][0] - before[3][0]
@@ -132,7 +140,8 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
         "machine_busy_share": round(busy / total, 3) if total else None,
         "cpus": os.cpu_count(),
     }
-    return {**_scale(result["summary"], args.time_scale), "cpu": cpu}
+    scaled = _scale({**result["summary"], "engines": load_summary(samples)}, args.time_scale)
+    return {**scaled, "cpu": cpu}
 
 
 def table(results: dict[str, list[dict[str, Any]]]) -> str:

@@ -209,19 +209,28 @@ class CoreMachine(RuleBasedStateMachine):
         waiting=st.sampled_from([None, 0, 1, 1, 2]),
     )
     def probe(self, replica: str, healthy: bool, running: int | None, waiting: int | None) -> None:
-        old_cap = self.state.replicas[replica].cap
+        before = self.state.replicas[replica]
+        old_cap = before.cap
         self.step(
             ProbeResult(
                 at=self.now, replica_id=replica, healthy=healthy, running=running, waiting=waiting
             )
         )
         cap = self.state.replicas[replica].cap
+        floor = max(running or 0, 1)
         if waiting is None or (waiting == 0 and (old_cap is None or not running)):
             assert cap is None, "no queue reported, or an idle engine, keeps a cap"
+        elif old_cap is None:
+            assert cap == floor, "a newly queueing engine is not capped at what it runs"
         elif waiting:
-            assert cap == max(running or 0, 1), "a queueing engine is not capped at what it runs"
+            assert cap is not None and cap <= max(floor, old_cap), "a queue raised the cap"
+            if not before.engine_waiting:
+                assert cap == old_cap, "a queue seen once moved the cap"
+            else:
+                assert cap >= floor, "a queueing engine capped below what it runs"
         else:
-            assert cap is not None and cap >= old_cap, "a busy engine without a queue lost room"
+            assert cap is not None and old_cap <= cap <= old_cap + 1, "cap moved by more than one"
+            assert (cap > old_cap) == (before.in_flight >= old_cap), "full cap without a queue"
 
     @rule(run=st.sampled_from(RUNS))
     def end_run(self, run: str) -> None:

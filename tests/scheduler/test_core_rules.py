@@ -143,8 +143,20 @@ def test_engine_running_at_its_cap_without_a_queue_gets_one_more_slot() -> None:
         state, ProbeResult(at=0, replica_id="a", healthy=True, running=3, waiting=0)
     )
     assert state.replicas["a"].cap == 4 and placed(actions) == {"t3": "a"}
-    state = probe(state, "a", 3, 1)  # the extra turn queued: back to what it runs
+    state = probe(state, "a", 3, 1)  # seen once: a turn between arrival and the next step
+    assert state.replicas["a"].cap == 4
+    state = probe(state, "a", 3, 1)  # seen again: the engine cannot run it, one less
     assert state.replicas["a"].cap == 3
+
+
+def test_a_lasting_queue_lowers_the_cap_but_not_below_what_runs() -> None:
+    state = probe(cap(pool("a"), "a", 10), "a", 10, 0)
+    state = probe(state, "a", 4, 8)
+    assert state.replicas["a"].cap == 10
+    state = probe(state, "a", 4, 3)
+    assert state.replicas["a"].cap == 7
+    state = probe(state, "a", 4, 8)
+    assert state.replicas["a"].cap == 4
 
 
 def test_idle_engine_is_uncapped_again() -> None:

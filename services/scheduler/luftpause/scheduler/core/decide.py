@@ -302,7 +302,7 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
     replica = state.replicas.get(ev.replica_id)
     if replica is None:
         return state, ()
-    cap = next_cap(replica.cap, ev.running, ev.waiting)
+    cap = next_cap(replica, ev.running, ev.waiting)
     if (replica.healthy, replica.engine_running, replica.engine_waiting, replica.cap) == (
         ev.healthy,
         ev.running,

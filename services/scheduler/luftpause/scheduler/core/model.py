@@ -80,23 +80,32 @@ class Phase(StrEnum):
     TOOL_PAUSED = "tool_paused"
 
 
-def next_cap(cap: int | None, running: int | None, waiting: int | None) -> int | None:
-    """The turn cap after a probe saw the engine run `running` and queue `waiting` requests.
+def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int | None:
+    """`replica`'s turn cap after a probe saw its engine run `running` and queue `waiting`.
 
     Uncapped while the engine reports no queue (or no load at all). Once it queues, the cap
-    is what it runs, and it stays: a probe that finds the engine running at the cap with no
-    queue raises it by one (room to try), a queue brings it back to what the engine runs, and
-    only an idle engine lifts it. Without this hysteresis a capped engine shows an empty queue
-    (the cap keeps it empty), the cap lifts, every held turn floods its queue at once, and a
-    continuation waits behind all of them until the next probe.
+    is what it runs, and it stays until the engine idles:
+    - a queue seen on two probes in a row lowers it by that queue (never below what the engine
+      runs); a queue on one probe alone is a turn caught between its arrival and the engine's
+      next step, and lowering the cap for it would ratchet the cap down to whatever happened
+      to be running;
+    - a probe that finds no queue while our turns fill the cap raises it by one.
+    Without the hysteresis a capped engine shows an empty queue (the cap keeps it empty), the
+    cap lifts, every held turn floods the engine at once, and a continuation waits behind all
+    of them until the next probe.
     """
+    cap = replica.cap
     if waiting is None:
         return None
+    if cap is None:
+        return max(running or 0, 1) if waiting > 0 else None
     if waiting > 0:
-        return max(running or 0, 1)
-    if cap is None or not running:
+        if not replica.engine_waiting:
+            return cap
+        return max(running or 0, 1, cap - min(waiting, replica.engine_waiting))
+    if not running:
         return None
-    return cap + 1 if running >= cap else cap
+    return cap + 1 if replica.in_flight >= cap else cap
 
 
 def _check_id(name: str, value: str) -> None:
