@@ -80,6 +80,7 @@ async def test_every_agents_run_finishes_through_the_runtime_with_its_tool_calls
     assert all(r["state"] == "finished" and r["error"] is None for r in runs), runs
     assert all(r["tool_calls"] == TOOL_CALLS and r["turns"] == TOOL_CALLS + 1 for r in runs)
     assert all(r["prompt_tokens"] > 0 for r in runs)
+    assert all(r["cached_tokens"] is not None for r in runs)
     assert {r["caller"] for r in runs} == {"caller-0", "caller-1"}
     summary = result["summary"]
     assert summary["interactive"]["runs_finished"] == 2

@@ -83,13 +83,13 @@ def test_prompt_tokens_walks_the_status_tree_children_included() -> None:
         "tree": [
             {
                 "handle": "a",
-                "own": {"promptTokens": 10},
+                "own": {"promptTokens": 10, "cachedPromptTokens": 4},
                 "children": [{"handle": "b", "own": {"promptTokens": 5}, "children": []}],
             },
-            {"handle": "c", "own": {"promptTokens": 7}, "children": []},
+            {"handle": "c", "own": {"promptTokens": 7, "cachedPromptTokens": 7}, "children": []},
         ]
     }
-    assert prompt_tokens(status) == {"a": 10, "b": 5, "c": 7}
+    assert prompt_tokens(status) == {"a": (10, 4), "b": (5, 0), "c": (7, 7)}
 
 
 def test_summary_counts_only_runs_finished_inside_the_span() -> None:
@@ -106,10 +106,12 @@ def test_summary_counts_only_runs_finished_inside_the_span() -> None:
 
 
 def test_summary_keeps_loadgens_keys_and_leaves_what_the_runtime_hides_as_none() -> None:
-    s = summarise([_run(cls="interactive", turns=4, tool_calls=3, prompt_tokens=100)], 60.0)
+    run = _run(cls="interactive", turns=4, tool_calls=3, prompt_tokens=100, cached_tokens=25)
+    s = summarise([run], 60.0)
     inter = s["interactive"]
-    for key in ("ttft_p50_s", "ttft_p99_s", "cached_share", "runs_moved"):
+    for key in ("ttft_p50_s", "ttft_p99_s", "runs_moved"):
         assert inter[key] is None
+    assert inter["cached_share"] == 0.25
     assert inter["turns_per_run"] == 4 and inter["tool_calls_per_run"] == 3
     assert inter["prompt_tokens_per_run"] == 100
     assert s["batch"]["runs_per_min"] == 0.0 and s["batch"]["jain_callers"] is None

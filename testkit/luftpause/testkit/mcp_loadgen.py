@@ -7,11 +7,11 @@ runtime said about each run into loadgen's per-class summary: no I/O, no clock. 
 caller of a run is its session) and spreads the agents over them. An agent spawns a run (its
 class, tools, a task padded to `context_chars`, at most `tool_calls` tool calls), awaits its
 handle, records it, and spawns the next at once, until the window ends or it has done
-`runs_per_agent` runs. After the window one GET /status reads each run's prompt tokens.
+`runs_per_agent` runs. After the window one GET /status reads each run's prompt tokens and
+those the engine served from its prefix cache.
 
 What the runtime does not expose, the summary leaves as None: time to first token (its turns do
-not stream), cached prompt tokens (it does not keep them) and moved runs (it does not see which
-replica served a turn).
+not stream) and moved runs (it does not see which replica served a turn).
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ class McpRun:
     failed_tool_calls: int = 0
     error: str | None = None
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.service_class not in CLASSES:
@@ -119,13 +120,14 @@ def record(
     )
 
 
-def prompt_tokens(status: Mapping[str, Any]) -> dict[str, int]:
-    """Each run's own prompt tokens from the runtime's GET /status tree."""
-    out: dict[str, int] = {}
+def prompt_tokens(status: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """Each run's own prompt tokens and cached prompt tokens from the runtime's GET /status."""
+    out: dict[str, tuple[int, int]] = {}
     stack = list(status.get("tree", ()))
     while stack:
         node = stack.pop()
-        out[node["handle"]] = int(node["own"]["promptTokens"])
+        own = node["own"]
+        out[node["handle"]] = (int(own["promptTokens"]), int(own.get("cachedPromptTokens", 0)))
         stack.extend(node.get("children", ()))
     return out
 
@@ -152,13 +154,14 @@ def summarise(runs: Sequence[McpRun], span_s: float) -> dict[str, Any]:
         for r in done:
             per_caller[r.caller] += 1
         tokens = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
+        cached = sum(r.cached_tokens or 0 for r in done if r.prompt_tokens is not None)
         out[cls] = {
             "runs_per_min": round(len(done) / (span_s / 60), 2),
             "run_time_p50_s": percentile([r.ended - r.started for r in done], 0.5),
             "run_time_p99_s": percentile([r.ended - r.started for r in done], 0.99),
             "ttft_p50_s": None,
             "ttft_p99_s": None,
-            "cached_share": None,
+            "cached_share": round(cached / sum(tokens), 4) if sum(tokens) else None,
             "errors": sum(1 for r in mine if r.failed),
             "jain_callers": jain([float(v) for v in per_caller.values()]),
             "runs_moved": None,
@@ -262,7 +265,9 @@ async def run_mcp_workload(wl: McpWorkload) -> dict[str, Any]:
         span = min(time.monotonic() - t0, wl.window_s)
     tokens = prompt_tokens(await _status(wl.status_url))
     runs = [
-        replace(r, prompt_tokens=tokens.get(r.handle)) if r.handle else r
+        replace(r, prompt_tokens=tokens[r.handle][0], cached_tokens=tokens[r.handle][1])
+        if r.handle in tokens
+        else r
         for agent_runs in done
         for r in agent_runs
     ]

@@ -40,12 +40,15 @@ class JournalError(ValueError):
 
 
 def _usage_json(u: m.Usage) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "turns": u.turns,
         "promptTokens": u.prompt_tokens,
         "completionTokens": u.completion_tokens,
         "turnSeconds": round(u.turn_seconds, 6),
     }
+    if u.cached_prompt_tokens:  # optional in format 1: records without it read as 0
+        out["cachedPromptTokens"] = u.cached_prompt_tokens
+    return out
 
 
 def _usage(data: dict[str, Any] | None) -> m.Usage:
@@ -53,6 +56,7 @@ def _usage(data: dict[str, Any] | None) -> m.Usage:
     return m.Usage(
         turns=int(data.get("turns", 0)),
         prompt_tokens=int(data.get("promptTokens", 0)),
+        cached_prompt_tokens=int(data.get("cachedPromptTokens", 0)),
         completion_tokens=int(data.get("completionTokens", 0)),
         turn_seconds=float(data.get("turnSeconds", 0.0)),
     )

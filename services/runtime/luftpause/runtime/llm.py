@@ -123,9 +123,11 @@ class Llm:
             )
             if calls:
                 content = None
+        details = reply.usage.prompt_tokens_details if reply.usage else None
         usage = Usage(
             turns=1,
             prompt_tokens=reply.usage.prompt_tokens if reply.usage else 0,
+            cached_prompt_tokens=(details.cached_tokens or 0) if details else 0,
             completion_tokens=reply.usage.completion_tokens if reply.usage else 0,
             turn_seconds=time.monotonic() - started,
         )

@@ -134,6 +134,8 @@ class Usage:
 
     turns: int = 0
     prompt_tokens: int = 0
+    # Of the prompt tokens, those the engine served from its prefix cache (when it says).
+    cached_prompt_tokens: int = 0
     completion_tokens: int = 0
     turn_seconds: float = 0.0
 
@@ -141,6 +143,7 @@ class Usage:
         return Usage(
             turns=self.turns + other.turns,
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens + other.cached_prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             turn_seconds=self.turn_seconds + other.turn_seconds,
         )
