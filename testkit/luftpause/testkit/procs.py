@@ -95,7 +95,12 @@ class Proc:
             env.setdefault("LUFTPAUSE_LOG_FORMAT", "json")
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *self.args, stdout=out, stderr=out, stdin=asyncio.subprocess.DEVNULL, env=env
+                *self.args,
+                stdout=out,
+                stderr=out,
+                stdin=asyncio.subprocess.DEVNULL,
+                env=env,
+                start_new_session=self.own_session,
             )
         finally:
             if out is not None and not isinstance(out, int):
