@@ -320,19 +320,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, help="simulated time per real second (sim 4)")
     p.add_argument("--kv-tokens", type=int, default=150000, help="simulator KV pool")
-    p.add_argument("--max-running", type=int, default=4, help="simulator batch cap")
+    p.add_argument("--max-running", type=int, default=8, help="simulator batch cap")
     p.add_argument("--interactive", type=int, help="interactive agents (sim 4, real 4)")
     p.add_argument("--batch", type=int, help="batch agents (sim 48, real 12)")
     p.add_argument("--context-chars", type=int, help="characters of context (sim 8000)")
     p.add_argument("--tool-calls", type=int, help="tool calls per run at most (sim 3)")
     p.add_argument("--max-tokens", type=int, help="reply tokens per turn at most (sim 64)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", help="result name under bench/results (flood, or flood_<pool>)")
     args = p.parse_args()
     for key, value in POOL_DEFAULTS[args.pool].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     out = asyncio.run(main_async(args))
-    name = "flood" if args.pool == "sim" else f"flood_{args.pool}"
+    name = args.out or ("flood" if args.pool == "sim" else f"flood_{args.pool}")
     path = write_result(name, {"benchmark": name, "args": vars(args), **out})
     print(out["table"])
     print(f"wrote {path}")

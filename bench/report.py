@@ -160,6 +160,38 @@ def flood_section(name: str, data: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def sweep_section(sweeps: list[dict[str, Any]]) -> str:
+    """How the gain and its cost move with the engine's batch cap (one file per cap)."""
+    rows = [
+        "## The trade-off against the engine's batch cap (simulated pool)",
+        "",
+        "Each row is one `python -m bench.flood --arms router-cache_aware luftpause "
+        "--max-running N --out flood_sweep_N` run; the rest of the workload as above.",
+        "",
+        "| engine batch cap | interactive runs/min, luftpause / cache_aware | interactive x "
+        "| batch runs/min, luftpause / cache_aware | batch change "
+        "| engines running, luftpause / cache_aware (mean) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for data in sorted(sweeps, key=lambda d: d["args"]["max_running"]):
+        res = data["results"]
+        r = ratios(res) or {}
+
+        def med(arm: str, cls: str, key: str, res: dict[str, Any] = res) -> str:
+            return _fmt(_median(_vals(res.get(arm, []), cls, key)))
+
+        rows.append(
+            f"| {data['args']['max_running']} "
+            f"| {med(OURS, 'interactive', 'runs_per_min')} / "
+            f"{med(BASELINE, 'interactive', 'runs_per_min')} | {r.get('interactive_x', '-')}x "
+            f"| {med(OURS, 'batch', 'runs_per_min')} / {med(BASELINE, 'batch', 'runs_per_min')} "
+            f"| {r.get('batch_change', 0):+.1%} "
+            f"| {med(OURS, 'engines', 'engine_running_mean')} / "
+            f"{med(BASELINE, 'engines', 'engine_running_mean')} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def plot(floods: dict[str, dict[str, Any]], path: Path) -> None:
     """Per flood: interactive runs/min, interactive run time p50 and batch runs/min by arm."""
     import matplotlib
@@ -213,6 +245,9 @@ def main() -> None:
     ]
     for name, data in floods.items():
         parts.append(flood_section(name, data))
+    sweeps = [json.loads(f.read_text()) for f in sorted(RESULTS.glob("flood_sweep_*.json"))]
+    if sweeps:
+        parts.append(sweep_section(sweeps))
     overhead = RESULTS / "overhead.json"
     if overhead.exists():
         data = json.loads(overhead.read_text())

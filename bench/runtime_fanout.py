@@ -22,8 +22,7 @@ from typing import Any
 from mcp import Client
 
 from bench.common import write_result
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import LocalStack
+from luftpause.testkit.stack import LocalStack, start_runtime
 
 TOOL_ROUNDS = 3
 
@@ -59,44 +58,9 @@ async def _sequential(url: str, agents: int) -> tuple[float, list[dict[str, Any]
 async def _start(exits: AsyncExitStack, workdir: Path, tool_seconds: float) -> str:
     engine_args = ("--tool-rounds", str(TOOL_ROUNDS))
     stack = await LocalStack(workdir, engine_args=engine_args).start(exits)
-    mcp_port, port = free_port(), free_port()
-    latency = str(tool_seconds)
-    fake = Proc(
-        [
-            "fake-mcp",
-            "--port",
-            str(mcp_port),
-            "--lookup-latency",
-            latency,
-            "--deep-search-latency",
-            latency,
-        ],
-        name="fake-mcp",
-        log_path=workdir / "fake-mcp.log",
-    )
-    await fake.start()
-    exits.push_async_callback(fake.stop)
-    await fake.wait_http(f"http://127.0.0.1:{mcp_port}/health")
     await stack.wait_healthy()
-    runtime = Proc(
-        [
-            "runtime",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(workdir / "state"),
-            "--dataplane",
-            f"http://127.0.0.1:{stack.dataplane_port}",
-            "--mcp-server",
-            f"http://127.0.0.1:{mcp_port}/mcp",
-        ],
-        name="runtime",
-        log_path=workdir / "runtime.log",
-    )
-    await runtime.start()
-    exits.push_async_callback(runtime.stop)
-    await runtime.wait_http(f"http://127.0.0.1:{port}/status")
-    return f"http://127.0.0.1:{port}/mcp"
+    dataplane = stack.base_url.removesuffix("/v1")
+    return (await start_runtime(exits, workdir, dataplane, tool_seconds=tool_seconds)).mcp_url
 
 
 def _summary(seconds: float, runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -8,8 +8,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import LocalStack
+from luftpause.testkit.stack import LocalStack, start_runtime
 
 TOOL_CALLS = 2
 # Fast simulated time, GPU-class speeds (the default CPU profile is slow for 2,000-char tasks).
@@ -25,43 +24,12 @@ ENGINE_ARGS = (
 )
 
 
-async def _runtime(exits: AsyncExitStack, workdir: Path, stack: LocalStack) -> str:
-    mcp_port, port = free_port(), free_port()
-    fake = Proc(
-        ["fake-mcp", "--port", str(mcp_port), "--lookup-latency", "0.05"],
-        name="fake-mcp",
-        log_path=workdir / "fake-mcp.log",
-    )
-    await fake.start()
-    exits.push_async_callback(fake.stop)
-    await fake.wait_http(f"http://127.0.0.1:{mcp_port}/health")
-    runtime = Proc(
-        [
-            "runtime",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(workdir / "state"),
-            "--dataplane",
-            f"http://127.0.0.1:{stack.dataplane_port}",
-            "--mcp-server",
-            f"http://127.0.0.1:{mcp_port}/mcp",
-        ],
-        name="runtime",
-        log_path=workdir / "runtime.log",
-    )
-    await runtime.start()
-    exits.push_async_callback(runtime.stop)
-    await runtime.wait_http(f"http://127.0.0.1:{port}/status")
-    return f"http://127.0.0.1:{port}/mcp"
-
-
 async def test_every_agents_run_finishes_through_the_runtime_with_its_tool_calls(
     tmp_path: Path,
 ) -> None:
     async with AsyncExitStack() as exits:
         stack = await LocalStack(tmp_path, engine_args=ENGINE_ARGS).start(exits)
-        url = await _runtime(exits, tmp_path, stack)
+        url = (await start_runtime(exits, tmp_path, stack.base_url.removesuffix("/v1"))).mcp_url
         await stack.wait_healthy()
         wl = McpWorkload(
             url=url,

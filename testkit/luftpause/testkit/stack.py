@@ -114,3 +114,66 @@ class LocalStack:
         await wait_for_status(
             self.status_url, lambda st: all(r["healthy"] for r in st["replicas"]), timeout
         )
+
+
+@dataclass(frozen=True)
+class RuntimeStack:
+    """fake-mcp and an MCP runtime in front of a dataplane (or anything OpenAI-compatible)."""
+
+    mcp_url: str
+    status_url: str
+    runtime: Proc
+    fake_mcp: Proc
+
+
+async def start_runtime(
+    exits: AsyncExitStack,
+    workdir: Path,
+    dataplane: str,
+    *,
+    name: str = "runtime",
+    tool_seconds: float = 0.05,
+    model: str | None = None,
+) -> RuntimeStack:
+    """fake-mcp with both tools fixed at `tool_seconds`, and a runtime whose turns go to
+    `dataplane` (a base URL without /v1); both stopped when `exits` closes.
+    """
+    mcp_port, port = free_port(), free_port()
+    latency = str(tool_seconds)
+    fake = await Proc(
+        [
+            "fake-mcp",
+            "--port",
+            str(mcp_port),
+            "--lookup-latency",
+            latency,
+            "--deep-search-latency",
+            latency,
+        ],
+        name=f"{name}-fake-mcp",
+        log_path=workdir / f"{name}-fake-mcp.log",
+    ).start()
+    exits.push_async_callback(fake.stop)
+    await fake.wait_http(f"http://127.0.0.1:{mcp_port}/health", timeout=60)
+    args = [
+        "runtime",
+        "--port",
+        str(port),
+        "--state-dir",
+        str(workdir / f"{name}-state"),
+        "--dataplane",
+        dataplane,
+        "--mcp-server",
+        f"http://127.0.0.1:{mcp_port}/mcp",
+    ]
+    runtime = await Proc(
+        [*args, *(("--model", model) if model else ())],
+        name=name,
+        log_path=workdir / f"{name}.log",
+    ).start()
+    exits.push_async_callback(runtime.stop)
+    await runtime.wait_http(f"http://127.0.0.1:{port}/status", timeout=60)
+    base = f"http://127.0.0.1:{port}"
+    return RuntimeStack(
+        mcp_url=f"{base}/mcp", status_url=f"{base}/status", runtime=runtime, fake_mcp=fake
+    )
