@@ -201,7 +201,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, default=4.0)
     p.add_argument("--kv-tokens", type=int, default=150000)
-    p.add_argument("--max-running", type=int, default=4, help="engine batch cap")
+    p.add_argument("--max-running", type=int, default=8, help="engine batch cap")
     p.add_argument("--interactive", type=int, default=4)
     p.add_argument("--batch", type=int, default=48)
     p.add_argument("--callers", type=int, default=4, help="MCP sessions the agents share")
