@@ -1,11 +1,18 @@
-"""What the dataplane adds per turn: time to first byte and to completion, direct vs proxied.
+"""What the dataplane adds per turn: time to first byte and to completion, CPU, requests/s.
 
-Run: `.venv/bin/python -m bench.overhead [--rounds 5] [--requests 200]`.
+Run: `.venv/bin/python -m bench.overhead [--rounds 5] [--requests 256]`.
 One simulated engine set to reply instantly (no prefill or decode time, 16-token streams), a
-scheduler, a dataplane. Arms alternate round by round against the same engine, so drift on
-this noisy 2-core machine hits both alike; each arm's figure is the median over rounds of the
-per-round percentile, with the spread (min..max over rounds) beside it. Clients keep their
-connections alive, as the OpenAI SDK does. Writes bench/results/overhead.json.
+scheduler, a dataplane, and the peers (sglang-router, the LiteLLM proxy) in front of the same
+engine. Arms alternate round by round, so drift on this noisy 2-core machine hits all alike;
+each arm's figure is the median over rounds of the per-round figure, with the spread
+(min..max over rounds) beside it. Clients keep their connections alive, as the OpenAI SDK does,
+and every connection is warmed before a measured phase starts.
+
+Per phase and arm: latency to first byte and to completion (p50/p99, and what the arm adds
+over going direct), requests/s, and CPU per turn: utime+stime from /proc of the arm's own
+processes (the dataplane and the scheduler together; the router; the LiteLLM proxy), delta over
+the measured phase divided by the turns served. Writes bench/results/overhead.json, with the
+Markdown table printed at the end stored under "table".
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -66,25 +74,50 @@ async def one(
         return first, time.perf_counter() - t0
 
 
-async def arm(url: str, concurrency: int, requests: int, stream: bool) -> dict[str, Any]:
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime+stime of these processes (all their threads), in seconds, from /proc."""
+    total = 0
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    return total / CLOCK_TICKS
+
+
+async def arm(
+    url: str, concurrency: int, requests: int, stream: bool, pids: list[int]
+) -> dict[str, Any]:
+    """One measured phase: warm every connection, then `requests` turns over `concurrency`."""
     connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=30)
     ttfb: list[float] = []
     total: list[float] = []
     payload = body(stream)
+    headers = [
+        {"Content-Type": "application/json", "x-luftpause-run-id": f"bench-{w}"}
+        for w in range(concurrency)
+    ]
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker(w: int) -> None:
-            headers = {"Content-Type": "application/json", "x-luftpause-run-id": f"bench-{w}"}
-            await one(session, url, payload, headers)  # warm the connection
             for _ in range(requests // concurrency):
-                a, b = await one(session, url, payload, headers)
+                a, b = await one(session, url, payload, headers[w])
                 ttfb.append(a)
                 total.append(b)
 
+        await asyncio.gather(*(one(session, url, payload, headers[w]) for w in range(concurrency)))
+        cpu0 = cpu_seconds(pids)
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         elapsed = time.perf_counter() - t0
-    return {"ttfb": percentiles(ttfb), "total": percentiles(total), "rps": len(total) / elapsed}
+        cpu = cpu_seconds(pids) - cpu0
+    out = {"ttfb": percentiles(ttfb), "total": percentiles(total), "rps": len(total) / elapsed}
+    if pids:
+        out["cpu_ms"] = cpu * 1000.0
+        out["turns"] = len(total)
+    return out
 
 
 def summarize(rounds: list[dict[str, Any]], key: str, stat: str) -> dict[str, float]:
@@ -104,20 +137,23 @@ async def _peer(
     args: list[str],
     ready: str,
     env: dict[str, str] | None = None,
-) -> None:
+) -> int:
     proc = await Proc(
         args, name=name, program=program, log_path=workdir / f"{name}.log", env=env
     ).start()
     stack.push_async_callback(proc.stop)
     await proc.wait_http(ready, timeout=120)
+    return proc.pid
 
 
-async def peers(stack: AsyncExitStack, workdir: Path, engine: str) -> dict[str, str]:
+async def peers(
+    stack: AsyncExitStack, workdir: Path, engine: str
+) -> dict[str, tuple[str, list[int]]]:
     """The peers people would use instead, in front of the same engine, where installed."""
-    urls: dict[str, str] = {}
+    urls: dict[str, tuple[str, list[int]]] = {}
     if importlib.util.find_spec("sglang_router") is not None:
         port = free_port()
-        await _peer(
+        pid = await _peer(
             stack,
             workdir,
             "sglang-router",
@@ -136,7 +172,7 @@ async def peers(stack: AsyncExitStack, workdir: Path, engine: str) -> dict[str, 
             ],
             f"http://127.0.0.1:{port}/v1/models",
         )
-        urls["sglang-router"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        urls["sglang-router"] = (f"http://127.0.0.1:{port}/v1/chat/completions", [pid])
     litellm = Path(sys.executable).with_name("litellm")
     if litellm.exists():
         port = free_port()
@@ -146,7 +182,7 @@ async def peers(stack: AsyncExitStack, workdir: Path, engine: str) -> dict[str, 
             f"      model: openai/{SIM_MODEL}\n      api_base: {engine}/v1\n"
             "      api_key: x\n"
         )
-        await _peer(
+        pid = await _peer(
             stack,
             workdir,
             "litellm",
@@ -158,7 +194,7 @@ async def peers(stack: AsyncExitStack, workdir: Path, engine: str) -> dict[str, 
                 "LITELLM_TELEMETRY": "False",
             },
         )
-        urls["litellm"] = f"http://127.0.0.1:{port}/v1/chat/completions"
+        urls["litellm"] = (f"http://127.0.0.1:{port}/v1/chat/completions", [pid])
     return urls
 
 
@@ -167,41 +203,55 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
         local = await LocalStack(workdir, engine_args=INSTANT, engines=1).start(stack)
         await local.wait_healthy()
-        urls = {
-            "direct": local.engine_url(0) + "/v1/chat/completions",
-            "dataplane": local.base_url + "/chat/completions",
+        own = [local.procs["dataplane"].pid, local.procs["scheduler"].pid]
+        arms: dict[str, tuple[str, list[int]]] = {
+            "direct": (local.engine_url(0) + "/v1/chat/completions", []),
+            "dataplane": (local.base_url + "/chat/completions", own),
         }
         if not args.no_peers:
-            urls.update(await peers(stack, workdir, local.engine_url(0)))
+            arms.update(await peers(stack, workdir, local.engine_url(0)))
         out: dict[str, Any] = {}
         for concurrency in args.concurrency:
             for stream in (True, False):
-                per_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+                per_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
                 for _ in range(args.rounds):
-                    for name, url in urls.items():
-                        per_arm[name].append(await arm(url, concurrency, args.requests, stream))
+                    for name, (url, pids) in arms.items():
+                        per_arm[name].append(
+                            await arm(url, concurrency, args.requests, stream, pids)
+                        )
                 label = f"c{concurrency}_{'stream' if stream else 'nonstream'}"
                 out[label] = _compare(per_arm)
                 print(label, json.dumps(out[label]["added_ms"]), flush=True)
         return out
 
 
+def _spread(values: list[float], digits: int = 3) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
+
+
 def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    arms = {
-        name: {
+    arms: dict[str, dict[str, Any]] = {}
+    for name, rs in per_arm.items():
+        arms[name] = {
             "ttfb_p50_ms": summarize(rs, "ttfb", "p50"),
             "ttfb_p99_ms": summarize(rs, "ttfb", "p99"),
             "total_p50_ms": summarize(rs, "total", "p50"),
             "total_p99_ms": summarize(rs, "total", "p99"),
-            "rps": round(statistics.median(r["rps"] for r in rs), 1),
+            "rps": _spread([r["rps"] for r in rs], 1),
         }
-        for name, rs in per_arm.items()
-    }
+        if "cpu_ms" in rs[0]:
+            arms[name]["cpu_ms_per_turn"] = {
+                **_spread([r["cpu_ms"] / r["turns"] for r in rs]),
+                "pooled": round(sum(r["cpu_ms"] for r in rs) / sum(r["turns"] for r in rs), 3),
+            }
     direct = per_arm["direct"]
-    added = {
-        f"{name}_{stat}": round(
-            statistics.median(p[key][q] - d[key][q] for d, p in zip(direct, proxied, strict=True)),
-            3,
+    added: dict[str, dict[str, float]] = {
+        f"{name}_{stat}": _spread(
+            [p[key][q] - d[key][q] for d, p in zip(direct, proxied, strict=True)]
         )
         for name, proxied in per_arm.items()
         if name != "direct"
@@ -215,21 +265,75 @@ def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {"arms": arms, "added_ms": added}
 
 
+def _cell(value: dict[str, float] | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}..{value['max']:.{digits}f})"
+
+
+def table(results: dict[str, Any]) -> str:
+    """Markdown: added latency at 1 and 32 streams, requests/s at 32, CPU per turn."""
+    arms = list(results["c1_stream"]["arms"]) if "c1_stream" in results else []
+    lines = [
+        "Added latency over direct, streaming, ms: median over rounds (min..max)",
+        "",
+        "| arm | TTFB p50 @1 | TTFB p99 @1 | total p50 @1 | total p99 @1"
+        " | TTFB p50 @32 | TTFB p99 @32 | total p50 @32 | total p99 @32 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in arms:
+        if name == "direct":
+            continue
+        cells = [
+            _cell(results.get(f"c{c}_stream", {}).get("added_ms", {}).get(f"{name}_{stat}"))
+            for c in (1, 32)
+            for stat in ("ttfb_p50", "ttfb_p99", "total_p50", "total_p99")
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Requests/s at 32 clients, and CPU ms per turn (utime+stime from /proc;"
+        " dataplane = dataplane + scheduler)",
+        "",
+        "| arm | req/s @32 stream | req/s @32 non-stream | CPU/turn non-stream @1"
+        " | CPU/turn stream @1 | CPU/turn non-stream @32 | CPU/turn stream @32 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in arms:
+        rps = [
+            _cell(results.get(f"c32_{kind}", {}).get("arms", {}).get(name, {}).get("rps"), 0)
+            for kind in ("stream", "nonstream")
+        ]
+        cpu = [
+            _cell(
+                results.get(f"c{c}_{kind}", {}).get("arms", {}).get(name, {}).get("cpu_ms_per_turn")
+            )
+            for c in (1, 32)
+            for kind in ("nonstream", "stream")
+        ]
+        lines.append(f"| {name} | " + " | ".join(rps + cpu) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=256, help="timed requests per arm per round")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--no-peers", action="store_true", help="skip sglang-router and LiteLLM")
+    p.add_argument("--out", default="overhead", help="result name under bench/results/")
     args = p.parse_args()
     result = uvloop.run(run(args))
+    text = table(result)
+    print(text)
     path = write_result(
-        "overhead",
+        args.out,
         {
             "benchmark": "overhead",
             "rounds": args.rounds,
             "requests_per_round": args.requests,
             "results": result,
+            "table": text,
         },
     )
     print(f"wrote {path}")
