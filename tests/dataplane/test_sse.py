@@ -77,6 +77,32 @@ def test_tool_call_stream_gives_the_same_facts_however_the_bytes_are_cut(cuts: l
     assert observer.done
 
 
+@given(st.lists(st.integers(min_value=1, max_value=3000), max_size=40))
+def test_text_stream_gives_the_same_facts_however_the_bytes_are_cut(cuts: list[int]) -> None:
+    """Whole content chunks after the first token are passed over; cut ones are not lost."""
+    data = b"".join(TEXT_STREAM)
+    observer = SseObserver()
+    hits = feed_in_pieces(observer, data, [c for c in cuts if c < len(data)])
+    summary = observer.summary()
+    assert len(hits) == 1
+    assert summary.finish_reason == "stop"
+    assert summary.usage == Usage(prompt_tokens=12, completion_tokens=2, cached_tokens=8)
+    assert observer.done
+
+
+def test_content_chunks_after_the_first_token_leave_no_line_behind() -> None:
+    observer = SseObserver()
+    for chunk in TEXT_STREAM[:2]:
+        observer.feed(chunk)
+    assert observer.first_token
+    (more,) = sse(delta_chunk({"content": "more"}), done=False)
+    (last,) = sse(delta_chunk({}, "length"), done=False)
+    assert not observer.feed(more)
+    assert not observer.feed(last)
+    assert observer.summary().finish_reason == "length"
+    assert not observer.done
+
+
 def test_crlf_stream_is_read_like_lf() -> None:
     observer = SseObserver()
     for chunk in TEXT_STREAM:

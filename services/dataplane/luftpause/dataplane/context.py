@@ -6,8 +6,10 @@ Shell module: a plain holder, built once by `app.build_app` and reached from han
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -35,6 +37,14 @@ class Dataplane:
     api_keys: Mapping[str, str] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     clock: Callable[[], float] = time.monotonic
+    # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique
+    # across dataplanes and restarts as uuid4s are, without a getrandom call per turn.
+    _id_prefix: str = field(default_factory=lambda: os.urandom(8).hex())
+    _id_counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def next_turn_id(self) -> str:
+        """A new turn id."""
+        return f"{self._id_prefix}{next(self._id_counter):016x}"
 
     def new_turn(
         self,

@@ -98,7 +98,7 @@ async def _classify(
     arrived: float,
 ) -> web.StreamResponse:
     turn = dp.new_turn(
-        turn_id=uuid4().hex,
+        turn_id=dp.next_turn_id(),
         run_id="",
         model=ask.model,
         service_class=ServiceClass.INTERACTIVE,
@@ -133,7 +133,7 @@ async def _labels(
 ) -> web.StreamResponse:
     body = labels_chat_body(ask)
     turn = dp.new_turn(
-        turn_id=uuid4().hex,
+        turn_id=dp.next_turn_id(),
         run_id=run_id,
         model=ask.model,
         service_class=ServiceClass.INTERACTIVE,

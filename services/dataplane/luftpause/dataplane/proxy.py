@@ -71,7 +71,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     except DataplaneError as exc:
         return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex)
     turn = dp.new_turn(
-        turn_id=uuid4().hex,
+        turn_id=dp.next_turn_id(),
         run_id=run_id,
         model=model,
         service_class=service_class,

@@ -10,7 +10,7 @@ dropped, as the scheduler does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import IntEnum
 
 from luftpause.dataplane.identity import ServiceClass
@@ -102,7 +102,15 @@ class RunTable:
         in_flight = max(run.in_flight - 1, 0)
         paused = Phase.TOOL_PAUSED if tool_paused else Phase.IDLE
         phase = Phase.GENERATING if in_flight else paused
-        self.runs[run.run_id] = replace(run, phase=phase, in_flight=in_flight, since=now)
+        self.runs[run.run_id] = RunRecord(
+            run_id=run.run_id,
+            replica_id=run.replica_id,
+            phase=phase,
+            service_class=run.service_class,
+            caller=run.caller,
+            since=now,
+            in_flight=in_flight,
+        )
 
     def end_run(self, run_id: str) -> None:
         """Forget a run that its agent declared over; its turns in flight still end normally."""

@@ -7,7 +7,9 @@ first token, usage, finish reason and tool call ids.
 
 Cost: until the first token every `data:` line is JSON-decoded (one or two lines). After it a
 line is decoded only if it mentions `tool_calls`, or a `finish_reason` / `usage` that is not
-`null`, so plain content chunks cost two or three `bytes.find` calls.
+`null`, so plain content chunks cost two or three `bytes.find` calls. A chunk of whole lines
+(nothing held back from the last one) that holds none of those and no `[DONE]` is passed over
+without being split into lines at all: after the first token its lines could tell nothing.
 """
 
 from __future__ import annotations
@@ -46,10 +48,26 @@ class LineDecoder:
         self._buffer = lines.pop()
         return lines
 
+    @property
+    def at_line_start(self) -> bool:
+        """True if no part of a line is held back and no CR awaits its LF."""
+        return not self._buffer and not self._cr
+
     def flush(self) -> list[bytes]:
         """Return the unterminated last line, if any, at the end of the stream."""
         rest, self._buffer, self._cr = self._buffer, b"", False
         return [rest] if rest else []
+
+
+def _may_tell(data: bytes) -> bool:
+    """False only if no line in `data` can hold a fact once the first token is known."""
+    return (
+        b"\r" in data
+        or b"[DONE]" in data
+        or b'"tool_calls"' in data
+        or _has_value(data, b'"finish_reason"')
+        or _has_value(data, b'"usage"')
+    )
 
 
 def _has_value(line: bytes, key: bytes) -> bool:
@@ -82,6 +100,8 @@ class SseObserver:
     def feed(self, data: bytes) -> bool:
         """Read a chunk of the stream; True iff this chunk carried the first token."""
         was = self.first_token
+        if was and data.endswith(b"\n") and self._lines.at_line_start and not _may_tell(data):
+            return False
         for line in self._lines.feed(data):
             self._line(line)
         return self.first_token and not was
