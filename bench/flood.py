@@ -23,6 +23,7 @@ import contextlib
 import statistics
 import sys
 import tempfile
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,21 @@ async def sample_load(engines: list[str], period: float, out: dict[str, list[int
             await asyncio.sleep(period)
 
 
+@contextlib.asynccontextmanager
+async def engine_load(engines: list[str]) -> AsyncIterator[dict[str, float | None]]:
+    """Sample the engines' load while the block runs; the means land in the yielded dict."""
+    samples: dict[str, list[int]] = {"running": [], "waiting": []}
+    means: dict[str, float | None] = {}
+    sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
+    try:
+        yield means
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        means.update(load_summary(samples))
+
+
 def load_summary(samples: dict[str, list[int]]) -> dict[str, float | None]:
     """Mean running and waiting over the window, both engines together."""
     return {
@@ -272,15 +288,9 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             max_tokens=args.max_tokens,
             **extra,
         )
-        samples: dict[str, list[int]] = {"running": [], "waiting": []}
-        sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
-        try:
+        async with engine_load(engines) as load:
             result = await run_workload(wl)
-        finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-        return {**result["summary"], "engines": load_summary(samples)}
+        return {**result["summary"], "engines": load}
 
 
 def _scale(summary: dict[str, Any], time_scale: float) -> dict[str, Any]:

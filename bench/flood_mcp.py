@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import resource
 import statistics
@@ -32,10 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import write_result
-from bench.flood import ARMS, _scale, load_summary, sample_load, start_engines, start_front
+from bench.flood import ARMS, _scale, engine_load, start_engines, start_front
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import SIM_MODEL
+from luftpause.testkit.stack import SIM_MODEL, start_runtime
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -58,47 +56,6 @@ def _machine_cpu() -> tuple[float, float]:
     return sum(values) - idle, sum(values)
 
 
-async def _start(exits: AsyncExitStack, workdir: Path, name: str, args: list[str]) -> Proc:
-    proc = await Proc(args, name=name, log_path=workdir / f"{name}.log").start()
-    exits.push_async_callback(proc.stop)
-    return proc
-
-
-async def start_runtime(
-    exits: AsyncExitStack, workdir: Path, name: str, front: str, tool_seconds: float
-) -> tuple[str, Proc, Proc]:
-    """fake-mcp (`lookup` fixed at `tool_seconds`) and a runtime on `front`; the MCP URL."""
-    mcp_port, port = free_port(), free_port()
-    latency = str(tool_seconds)
-    fake = await _start(
-        exits,
-        workdir,
-        f"{name}-fake-mcp",
-        ["fake-mcp", "--port", str(mcp_port), "--lookup-latency", latency],
-    )
-    await fake.wait_http(f"http://127.0.0.1:{mcp_port}/health", timeout=60)
-    runtime = await _start(
-        exits,
-        workdir,
-        f"{name}-runtime",
-        [
-            "runtime",
-            "--port",
-            str(port),
-            "--state-dir",
-            str(workdir / f"{name}-state"),
-            "--dataplane",
-            front,
-            "--mcp-server",
-            f"http://127.0.0.1:{mcp_port}/mcp",
-            "--model",
-            SIM_MODEL,
-        ],
-    )
-    await runtime.wait_http(f"http://127.0.0.1:{port}/status", timeout=60)
-    return f"http://127.0.0.1:{port}/mcp", runtime, fake
-
-
 async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     name = f"{arm}-r{rep}"
     async with AsyncExitStack() as exits:
@@ -107,7 +64,10 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
         )
         # The probe period is 2 s of engine time: scaled like everything else simulated.
         front = await start_front(exits, workdir, arm, engines, SIM_MODEL, 2.0 / args.time_scale)
-        url, runtime, fake = await start_runtime(exits, workdir, name, front, 1.0 / args.time_scale)
+        rt = await start_runtime(
+            exits, workdir, front, name=name, tool_seconds=1.0 / args.time_scale, model=SIM_MODEL
+        )
+        url, runtime, fake = rt.mcp_url, rt.runtime, rt.fake_mcp
         wl = McpWorkload(
             url=url,
             interactive=args.interactive,
@@ -121,14 +81,8 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
         )
         before = (_proc_cpu(runtime.pid), _proc_cpu(fake.pid), _self_cpu(), _machine_cpu())
         t0 = time.monotonic()
-        samples: dict[str, list[int]] = {"running": [], "waiting": []}
-        sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
-        try:
+        async with engine_load(engines) as load:
             result = await run_mcp_workload(wl)
-        finally:
-            sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
         seconds = time.monotonic() - t0
         after = (_proc_cpu(runtime.pid), _proc_cpu(fake.pid), _self_cpu(), _machine_cpu())
     busy = after[3][0] - before[3][0]
@@ -140,7 +94,7 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
         "machine_busy_share": round(busy / total, 3) if total else None,
         "cpus": os.cpu_count(),
     }
-    scaled = _scale({**result["summary"], "engines": load_summary(samples)}, args.time_scale)
+    scaled = _scale({**result["summary"], "engines": load}, args.time_scale)
     return {**scaled, "cpu": cpu}
 
 
