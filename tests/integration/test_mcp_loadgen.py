@@ -1,13 +1,17 @@
 """The sub-agent load end to end: mcp_loadgen -> runtime (official `mcp` SDK) -> dataplane ->
-two simulated engines, tool calls to fake-mcp. A few agents, one run each.
+two simulated engines, tool calls to fake-mcp. A few agents, one run each; then the same through
+`luftpause loadgen --mcp-url`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
+from luftpause.testkit.procs import luftpause_exe
 from luftpause.testkit.stack import LocalStack, start_runtime
 
 TOOL_CALLS = 2
@@ -43,6 +47,21 @@ async def test_every_agents_run_finishes_through_the_runtime_with_its_tool_calls
             runs_per_agent=1,
         )
         result = await run_mcp_workload(wl)
+        cli = await asyncio.create_subprocess_exec(
+            luftpause_exe(),
+            "loadgen",
+            "--mcp-url",
+            url,
+            *("--interactive", "1", "--batch", "1", "--window-s", "4"),
+            *("--context-chars", "500", "--tool-calls", str(TOOL_CALLS)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        out, _ = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0
+    from_cli = json.loads(out)
+    assert from_cli["summary"]["batch"]["errors"] == 0
+    assert any(r["state"] == "finished" for r in from_cli["runs"])
     runs = result["runs"]
     assert len(runs) == 6
     assert all(r["state"] == "finished" and r["error"] is None for r in runs), runs

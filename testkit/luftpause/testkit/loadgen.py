@@ -329,9 +329,14 @@ async def run_workload(wl: Workload) -> dict[str, Any]:
     return {"workload": asdict(wl), "summary": summary, "runs": records}
 
 
-def parse_args(argv: list[str]) -> Workload:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="luftpause loadgen", description=__doc__)
     p.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
+    p.add_argument(
+        "--mcp-url",
+        help="drive sub-agents through this runtime's spawn/await instead (…/mcp); the "
+        "options for a base model do not apply",
+    )
     p.add_argument("--model", default="luftpause-sim")
     p.add_argument("--interactive", type=int, default=4, help="interactive agents")
     p.add_argument("--batch", type=int, default=16, help="batch agents")
@@ -355,7 +360,14 @@ def parse_args(argv: list[str]) -> Workload:
     )
     p.add_argument("--temperature", type=float, help="sampling temperature (engine default)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str]) -> Workload:
+    return _workload(_parser().parse_args(argv))
+
+
+def _workload(a: argparse.Namespace) -> Workload:
     return Workload(
         base_url=a.base_url,
         model=a.model,
@@ -377,7 +389,26 @@ def parse_args(argv: list[str]) -> Workload:
 
 def main(argv: list[str]) -> int:
     """Run the workload and print its JSON (records and summary) to stdout."""
-    result = asyncio.run(run_workload(parse_args(argv)))
+    a = _parser().parse_args(argv)
+    result: dict[str, Any]
+    if a.mcp_url:
+        from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
+
+        mcp = McpWorkload(
+            url=a.mcp_url,
+            interactive=a.interactive,
+            batch=a.batch,
+            context_chars=a.context_chars,
+            tool_calls=a.tool_calls,
+            window_s=a.window_s,
+            seed=a.seed,
+            callers=max(a.callers, 1),
+            model=a.model,
+            max_tokens=a.max_tokens,
+        )
+        result = asyncio.run(run_mcp_workload(mcp))
+    else:
+        result = asyncio.run(run_workload(_workload(a)))
     json.dump(result, sys.stdout, indent=1)
     print(file=sys.stderr)
     print(json.dumps(result["summary"], indent=1), file=sys.stderr)
