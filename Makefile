@@ -49,7 +49,8 @@ soak: install
 	$(BIN)/pytest -q -m slow tests/soak
 
 # Every benchmark, arm against arm, then the report (bench/results/RESULTS.md, flood.png).
-# About 75 minutes on 2 cores; each script also runs on its own (`python -m bench.<name> -h`).
+# About 45 minutes on 2 cores; each script also runs on its own (`python -m bench.<name> -h`).
+FLOOD2 := $(BIN)/python -m bench.flood --arms router-cache_aware luftpause --repeats 1
 bench: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench.scheduler_core
@@ -57,6 +58,8 @@ bench: install
 	$(BIN)/python -m bench.overhead
 	$(BIN)/python -m bench.flood
 	$(BIN)/python -m bench.flood_mcp
+	$(FLOOD2) --batch 0 --window-s 30 --out flood_unloaded
+	for n in 4 8 16; do $(FLOOD2) --max-running $$n --out flood_sweep_$$n || exit 1; done
 	$(BIN)/python -m bench.report
 
 # The flood on two llama.cpp engines serving Gemma 3 270M (about 20 minutes), then the report.

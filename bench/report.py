@@ -73,7 +73,9 @@ def flood_table(results: dict[str, list[dict[str, Any]]]) -> str:
         ia = " / ".join(_fmt(v) for v in _vals(reps, "interactive", "runs_per_min"))
         ba = " / ".join(_fmt(v) for v in _vals(reps, "batch", "runs_per_min"))
         errors = sum(r[c]["errors"] for r in reps for c in ("interactive", "batch"))
-        moved = sum(r[c].get("runs_moved", 0) or 0 for r in reps for c in ("interactive", "batch"))
+        seen = [r[c].get("runs_moved") for r in reps for c in ("interactive", "batch")]
+        known = [v for v in seen if v is not None]
+        moved = str(sum(known)) if known else "-"  # the MCP runtime does not see replicas
         rows.append(
             f"| {arm} | {ia} | {_pair(reps, 'interactive', 'run_time_p50_s', 'run_time_p99_s')} "
             f"| {ba} | {_pair(reps, 'interactive', 'ttft_p50_s', 'ttft_p99_s')} "
@@ -154,6 +156,18 @@ def flood_section(name: str, data: dict[str, Any]) -> str:
         if "run_time_p50_x" in r:
             line += f", interactive run time p50 {r['run_time_p50_x']}x"
         parts += [line + ".", ""]
+    unloaded = RESULTS / "flood_unloaded.json"
+    if name == "flood" and unloaded.exists():
+        free = json.loads(unloaded.read_text())["results"]
+        times = {
+            arm: _median(_vals(reps, "interactive", "run_time_p50_s")) for arm, reps in free.items()
+        }
+        shown = ", ".join(f"{arm} {_fmt(t)} s" for arm, t in times.items())
+        parts += [
+            "The same interactive agents with no batch agents (`--batch 0 --out flood_unloaded`): "
+            f"interactive run time p50 {shown}.",
+            "",
+        ]
     seed = seed_section(name)
     if seed:
         parts += [seed, ""]
