@@ -24,6 +24,8 @@ CONNECT_TIMEOUT_SECONDS = 2.0
 KEEPALIVE_SECONDS = 4.0
 
 _TRANSPORT_ERRORS = (aiohttp.ClientError, OSError, asyncio.TimeoutError)
+# A kept-alive connection the engine closed under us: disconnected, or the write failed.
+_STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 class EngineResponse(Protocol):
@@ -129,12 +131,27 @@ class AiohttpTransport:
 
     async def send(self, url: str, headers: Mapping[str, str], body: bytes) -> EngineResponse:
         try:
-            resp = await self._session.post(
-                url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
-            )
+            try:
+                resp = await self._post(url, headers, body)
+            except _STALE_CONNECTION as exc:
+                if isinstance(exc, aiohttp.ClientConnectorError):
+                    raise  # nothing listens: no second try
+                # The engine closed a kept-alive connection as we reused it (llama.cpp's HTTP
+                # server does this under load): no reply byte came back, so try once more on a
+                # new connection. An engine that read the turn and died answers the second try
+                # with a refused connection, so a turn runs twice only if the engine drops
+                # connections after reading them and then comes back.
+                resp = await self._post(url, headers, body)
         except _TRANSPORT_ERRORS as exc:
             raise EngineUnreachable(describe(exc)) from exc
         return AiohttpEngineResponse(resp)
+
+    async def _post(
+        self, url: str, headers: Mapping[str, str], body: bytes
+    ) -> aiohttp.ClientResponse:
+        return await self._session.post(
+            url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
+        )
 
     async def close(self) -> None:
         await self._session.close()

@@ -1,0 +1,102 @@
+"""The engine transport against raw HTTP/1.1 servers that close kept-alive connections."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from luftpause.dataplane.errors import EngineUnreachable
+from luftpause.dataplane.transport import AiohttpTransport
+
+REPLY = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Type: application/json\r\n\r\n{}"
+
+
+async def read_request(reader: asyncio.StreamReader) -> bool:
+    """Read one request (headers and a Content-Length body); False at end of stream."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return False
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return True
+
+
+@asynccontextmanager
+async def raw_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], object],
+) -> AsyncIterator[str]:
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)  # type: ignore[arg-type]
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_kept_alive_connection_the_engine_closed_is_retried_on_a_new_one() -> None:
+    connections: list[int] = []
+
+    async def one_reply_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        # Answers as if the connection stays open, then drops it as the next request comes in
+        # (what llama.cpp's server does to a kept-alive connection under load).
+        connections.append(1)
+        if await read_request(reader):
+            writer.write(REPLY)
+            await writer.drain()
+            await read_request(reader)
+        writer.close()
+
+    transport = AiohttpTransport()
+    try:
+        async with raw_server(one_reply_per_connection) as url:
+            for _ in range(3):
+                resp = await transport.send(url, {}, b'{"model": "m"}')
+                assert resp.status == 200 and await resp.read() == b"{}"
+    finally:
+        await transport.close()
+    assert len(connections) >= 3
+
+
+async def test_an_engine_that_drops_every_request_is_tried_twice_then_unreachable() -> None:
+    requests: list[int] = []
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if await read_request(reader):
+            requests.append(1)
+        writer.close()
+
+    transport = AiohttpTransport()
+    try:
+        async with raw_server(drop) as url:
+            with pytest.raises(EngineUnreachable):
+                await transport.send(url, {}, b'{"model": "m"}')
+    finally:
+        await transport.close()
+    assert len(requests) == 2
+
+
+async def test_a_refused_connection_is_not_retried() -> None:
+    async def unused(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async with raw_server(unused) as url:
+        pass  # closed: nothing listens on the port any more
+    transport = AiohttpTransport()
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(EngineUnreachable):
+            await transport.send(url, {}, b"{}")
+        assert asyncio.get_running_loop().time() - started < 1.0
+    finally:
+        await transport.close()
