@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
-from luftpause.testkit.status import fetch_status
+from luftpause.testkit.status import fetch_status, wait_for_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -154,8 +154,11 @@ async def test_fifty_concurrent_runs_finish_without_error(stack: LocalStack) -> 
     async with asyncio.timeout(90):
         results = await asyncio.gather(*(one(i) for i in range(50)))
     assert all(len(f) == 3 and len(set(f)) == 1 for f in results)
-    st = await status(stack)
-    assert st["turns_in_flight"] == 0 and st["held_total"] == 0
+    # The last turn's end reaches the scheduler on the Report stream just after its client
+    # has the whole reply: wait for it rather than race it.
+    await wait_for_status(
+        stack.status_url, lambda st: st["turns_in_flight"] == 0 and st["held_total"] == 0, 5.0
+    )
 
 
 async def test_models_are_listed_from_the_scheduler(stack: LocalStack) -> None:
