@@ -367,23 +367,30 @@ def parse_args(argv: list[str]) -> Workload:
     return _workload(_parser().parse_args(argv))
 
 
+def _shared(a: argparse.Namespace) -> dict[str, Any]:
+    """The options both kinds of load take."""
+    return {
+        "model": a.model,
+        "interactive": a.interactive,
+        "batch": a.batch,
+        "context_chars": a.context_chars,
+        "tool_calls": a.tool_calls,
+        "window_s": a.window_s,
+        "seed": a.seed,
+        "callers": max(a.callers, 1),
+        "max_tokens": a.max_tokens,
+    }
+
+
 def _workload(a: argparse.Namespace) -> Workload:
     return Workload(
         base_url=a.base_url,
-        model=a.model,
-        interactive=a.interactive,
-        batch=a.batch,
-        context_chars=a.context_chars,
-        tool_calls=a.tool_calls,
         tool_seconds=a.tool_seconds,
-        window_s=a.window_s,
-        seed=a.seed,
-        callers=max(a.callers, 1),
-        max_tokens=a.max_tokens,
         preamble=a.preamble,
         keep_tools=a.keep_tools,
         temperature=a.temperature,
         stop=tuple(a.stop),
+        **_shared(a),
     )
 
 
@@ -394,19 +401,7 @@ def main(argv: list[str]) -> int:
     if a.mcp_url:
         from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
 
-        mcp = McpWorkload(
-            url=a.mcp_url,
-            interactive=a.interactive,
-            batch=a.batch,
-            context_chars=a.context_chars,
-            tool_calls=a.tool_calls,
-            window_s=a.window_s,
-            seed=a.seed,
-            callers=max(a.callers, 1),
-            model=a.model,
-            max_tokens=a.max_tokens,
-        )
-        result = asyncio.run(run_mcp_workload(mcp))
+        result = asyncio.run(run_mcp_workload(McpWorkload(url=a.mcp_url, **_shared(a))))
     else:
         result = asyncio.run(run_workload(_workload(a)))
     json.dump(result, sys.stdout, indent=1)
