@@ -1,18 +1,24 @@
 """Interactive runs under a batch flood: luftpause against the SGLang router, arm by arm.
 
-Run: `.venv/bin/python -m bench.flood [--window-s 60] [--repeats 2] [--time-scale 20]`.
-Every arm runs against two fresh engine simulators with the same parameters (calibrated
-defaults, see testkit/README.md), the same closed-loop workload (`luftpause loadgen`: 48 batch
-and 4 interactive agents, 8,000-character contexts, up to 3 tool calls per run, a 1 s tool in
-simulated time) and the same simulated window. Arms:
+Run: `.venv/bin/python -m bench.flood [--pool sim|real] [--window-s 60] [--repeats 2]`.
+Every arm starts its own front against two fresh engines with the same parameters and runs the
+same closed-loop workload (`luftpause loadgen`) for the same window. Pools:
 
+- sim (default): two engine simulators with a GPU-class profile (GPU_PROFILE), 8 sequences
+  each, 48 batch and 4 interactive agents, 8,000-character contexts, up to 3 tool calls per
+  run, a 1 s tool, 4x simulated time; rates and durations are reported in simulated time;
+- real: two llama.cpp engines serving Gemma 3 270M (bench/real_pool.py), the workload scaled
+  down to two CPU cores (POOL_DEFAULTS) with the few-shot preamble a base model needs.
+
+Arms:
 - sglang-router, cache_aware (pip install sglang-router), the class-blind router people use;
 - sglang-router, round_robin;
 - luftpause with runs free to move (`scheduler --no-affinity`, an ablation);
 - luftpause (strict run affinity, the default).
 
-Writes bench/results/flood.json and prints a Markdown table. Repeats alternate arms so drift
-on this noisy machine hits every arm alike.
+Both engines' running and waiting requests are sampled every 0.25 s during each window.
+Writes bench/results/flood.json (or flood_<pool>.json, or --out) and prints a Markdown table
+(bench.report). Repeats alternate arms so drift on this noisy machine hits every arm alike.
 """
 
 from __future__ import annotations
