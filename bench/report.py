@@ -245,12 +245,16 @@ def plot(floods: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    floods = {}
-    for name in FLOODS:
-        path = RESULTS / f"{name}.json"
-        if path.exists():
-            floods[name] = json.loads(path.read_text())
+def load_floods() -> dict[str, dict[str, Any]]:
+    return {
+        name: json.loads((RESULTS / f"{name}.json").read_text())
+        for name in FLOODS
+        if (RESULTS / f"{name}.json").exists()
+    }
+
+
+def render(floods: dict[str, dict[str, Any]]) -> str:
+    """RESULTS.md's text from the result files."""
     parts = [
         "# Benchmark results",
         "",
@@ -268,8 +272,13 @@ def main() -> None:
         if data.get("table"):
             parts += ["## Proxy overhead (instant-reply engine, kept-alive connections)", ""]
             parts += [data["table"], ""]
+    return "\n".join(parts)
+
+
+def main() -> None:
+    floods = load_floods()
     out = RESULTS / "RESULTS.md"
-    out.write_text("\n".join(parts))
+    out.write_text(render(floods))
     print(f"wrote {out}")
     if floods:
         png = RESULTS / "flood.png"
