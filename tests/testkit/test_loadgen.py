@@ -12,6 +12,7 @@ import httpx2
 import pytest
 from openai import AsyncOpenAI
 
+from luftpause.testkit import loadgen
 from luftpause.testkit.loadgen import (
     GEMMA_PREAMBLE,
     Run,
@@ -21,6 +22,7 @@ from luftpause.testkit.loadgen import (
     parse_args,
     run_workload,
 )
+from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
 
 
@@ -179,3 +181,13 @@ def test_the_cli_selects_the_base_model_options() -> None:
         (),
         64,
     )
+
+
+def test_mcp_mode_without_a_runtime_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
+    code = loadgen.main(["--mcp-url", url, "--window-s", "1", "--batch", "1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert err.startswith("loadgen: no runtime answers at") and "\n" not in err

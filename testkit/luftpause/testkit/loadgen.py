@@ -399,9 +399,13 @@ def main(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     result: dict[str, Any]
     if a.mcp_url:
-        from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
+        from luftpause.testkit.mcp_loadgen import McpWorkload, RuntimeUnreachable, run_mcp_workload
 
-        result = asyncio.run(run_mcp_workload(McpWorkload(url=a.mcp_url, **_shared(a))))
+        try:
+            result = asyncio.run(run_mcp_workload(McpWorkload(url=a.mcp_url, **_shared(a))))
+        except RuntimeUnreachable as exc:
+            print(f"loadgen: {exc}", file=sys.stderr)
+            return 1
     else:
         result = asyncio.run(run_workload(_workload(a)))
     json.dump(result, sys.stdout, indent=1)

@@ -237,14 +237,26 @@ async def _agent(
 
 
 async def _status(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(url) as resp:
+    timeout = aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(timeout=timeout) as s, s.get(url) as resp:
         resp.raise_for_status()
         doc: dict[str, Any] = await resp.json()
         return doc
 
 
+class RuntimeUnreachable(Exception):
+    """The runtime's /status did not answer before the load started."""
+
+
 async def run_mcp_workload(wl: McpWorkload) -> dict[str, Any]:
-    """Run the closed loop for the window; return the workload, per-class summary and runs."""
+    """Run the closed loop for the window; return the workload, per-class summary and runs.
+
+    Raises `RuntimeUnreachable` when the runtime does not answer at all.
+    """
+    try:
+        await _status(wl.status_url)
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise RuntimeUnreachable(f"no runtime answers at {wl.status_url}: {exc}") from exc
     callers = [f"caller-{i}" for i in range(wl.callers)]
     clients = [
         Client(wl.url, client_info=Implementation(name=f"mcp-loadgen-{c}", version="1"))
