@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import statistics
 import sys
 import tempfile
@@ -36,7 +37,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import write_result
+from bench.common import RESULTS, write_result
 from bench.report import flood_table as table
 from luftpause.scheduler.prober import parse_load
 from luftpause.testkit.loadgen import Workload, run_workload
@@ -328,6 +329,20 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return {"results": results, "table": table(results), "logs": str(workdir)}
 
 
+def _earlier(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The result file `--append` adds to; its arguments must match but for the repeats."""
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"flood: --append: no {path}")
+    earlier: dict[str, Any] = json.loads(path.read_text())
+    same = {k: v for k, v in vars(args).items() if k not in ("repeats", "append")}
+    theirs = {k: v for k, v in earlier["args"].items() if k not in ("repeats", "append")}
+    if same != theirs:
+        diff = sorted(k for k in same.keys() | theirs.keys() if same.get(k) != theirs.get(k))
+        raise SystemExit(f"flood: --append: {path} was run with other arguments: {diff}")
+    return earlier
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--pool", choices=sorted(POOL_DEFAULTS), default="sim")
@@ -344,12 +359,24 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, help="reply tokens per turn at most (sim 64)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="result name under bench/results (flood, or flood_<pool>)")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add these repeats to the result file's (same arguments otherwise)",
+    )
     args = p.parse_args()
     for key, value in POOL_DEFAULTS[args.pool].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    out = asyncio.run(main_async(args))
     name = args.out or ("flood" if args.pool == "sim" else f"flood_{args.pool}")
+    earlier = _earlier(name, args) if args.append else None
+    out = asyncio.run(main_async(args))
+    if earlier is not None:
+        results = {arm: [*earlier["results"][arm], *out["results"][arm]] for arm in args.arms}
+        args.repeats += earlier["args"]["repeats"]
+        runs = [*earlier.get("runs", [earlier["machine"]["when"]])]
+        out = {**out, "results": results, "table": table(results), "runs": runs}
+    args.append = False
     path = write_result(name, {"benchmark": name, "args": vars(args), **out})
     print(out["table"])
     print(f"wrote {path}")
