@@ -15,7 +15,7 @@ from openai import AsyncOpenAI
 
 from bench.real_pool import MODEL, start_real_engines
 from luftpause.testkit.agents import LOOKUP_TOOL
-from luftpause.testkit.loadgen import GEMMA_PREAMBLE
+from luftpause.testkit.preambles import GEMMA_PREAMBLE
 
 pytestmark = pytest.mark.real_engine
 pytest.importorskip("xllamacpp")

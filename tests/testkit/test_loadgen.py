@@ -13,17 +13,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit import loadgen
-from luftpause.testkit.loadgen import (
-    GEMMA_PREAMBLE,
-    Run,
-    Workload,
-    jain,
-    one_run,
-    parse_args,
-    run_workload,
-)
+from luftpause.testkit.loadgen import Run, Workload, one_run, parse_args, run_workload
+from luftpause.testkit.preambles import GEMMA_PREAMBLE
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
+from luftpause.testkit.stats import jain
 
 
 def test_jain_index_is_one_when_callers_are_served_equally() -> None:

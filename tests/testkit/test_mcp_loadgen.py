@@ -7,11 +7,11 @@ import pytest
 from luftpause.testkit.mcp_loadgen import (
     McpRun,
     McpWorkload,
-    percentile,
     prompt_tokens,
     record,
     summarise,
 )
+from luftpause.testkit.stats import percentile
 
 
 def _run(cls: str = "batch", caller: str = "caller-0", **kw: object) -> McpRun:

@@ -36,6 +36,8 @@ import openai
 from openai import AsyncOpenAI
 
 from luftpause.testkit.agents import LOOKUP_TOOL
+from luftpause.testkit.preambles import PREAMBLES
+from luftpause.testkit.stats import jain, percentile
 
 FILLER = (
     "The river runs past the old mill and the town keeps its records in the hall. "
@@ -86,43 +88,6 @@ class Workload:
             raise ValueError(f"unknown preamble {self.preamble!r}; one of {sorted(PREAMBLES)}")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
-
-
-def _call(call_id: str, query: str) -> dict[str, Any]:
-    arguments = json.dumps({"query": query})
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": "lookup", "arguments": arguments},
-    }
-
-
-# Few-shot examples for Gemma 3 270M, a base model: it follows the pattern it is shown.
-GEMMA_PREAMBLE: list[dict[str, Any]] = [
-    {
-        "role": "system",
-        "content": (
-            "You are a research agent. To look up a fact, call the lookup tool by writing "
-            '<tool_call>{"name": "lookup", "arguments": {"query": "..."}}</tool_call> and '
-            "nothing else. After the tool responds, look up another fact or answer in one "
-            "short sentence."
-        ),
-    },
-    {"role": "user", "content": "Task: how long is the river Loire? Look up facts."},
-    {"role": "assistant", "content": None, "tool_calls": [_call("ex-1", "length of the Loire")]},
-    {"role": "tool", "tool_call_id": "ex-1", "content": "1,006 km"},
-    {"role": "assistant", "content": "The Loire is 1,006 km long."},
-    {
-        "role": "user",
-        "content": "Task: when was the town hall of Lyon built, and how tall is it? Look up facts.",
-    },
-    {"role": "assistant", "content": None, "tool_calls": [_call("ex-2", "Lyon town hall built")]},
-    {"role": "tool", "tool_call_id": "ex-2", "content": "1651"},
-    {"role": "assistant", "content": None, "tool_calls": [_call("ex-3", "Lyon town hall height")]},
-    {"role": "tool", "tool_call_id": "ex-3", "content": "42 m"},
-    {"role": "assistant", "content": "The town hall of Lyon was built in 1651 and is 42 m tall."},
-]
-PREAMBLES: dict[str, list[dict[str, Any]]] = {"none": [], "gemma": GEMMA_PREAMBLE}
 
 
 def pad(rng: random.Random, chars: int) -> str:
@@ -257,20 +222,6 @@ async def agent(index: int, cls: str, wl: Workload, deadline: float, runs: list[
             await one_run(client, run, wl, rng)
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)], 3)
-
-
-def jain(values: list[float]) -> float | None:
-    """Jain's fairness index: 1 when all equal, 1/n when one gets everything."""
-    if not values or not any(values):
-        return None
-    return round(sum(values) ** 2 / (len(values) * sum(v * v for v in values)), 4)
-
-
 def summarise(runs: list[Run], start: float, wl: Workload) -> dict[str, Any]:
     end = start + wl.window_s
     out: dict[str, Any] = {}
@@ -285,10 +236,10 @@ def summarise(runs: list[Run], start: float, wl: Workload) -> dict[str, Any]:
             per_caller[r.caller] = per_caller.get(r.caller, 0) + 1
         out[cls] = {
             "runs_per_min": round(len(done) / (wl.window_s / 60), 2),
-            "run_time_p50_s": _pct(times, 0.5),
-            "run_time_p99_s": _pct(times, 0.99),
-            "ttft_p50_s": _pct(ttft, 0.5),
-            "ttft_p99_s": _pct(ttft, 0.99),
+            "run_time_p50_s": percentile(times, 0.5),
+            "run_time_p99_s": percentile(times, 0.99),
+            "ttft_p50_s": percentile(ttft, 0.5),
+            "ttft_p99_s": percentile(ttft, 0.99),
             "cached_share": round(sum(r.cached_tokens for r in mine) / prompt, 4)
             if prompt
             else None,

@@ -1,7 +1,7 @@
 """Closed-loop sub-agent load through the MCP runtime: `loadgen`'s workload, driven by spawn and
 await instead of an own model loop.
 
-Two layers. The pure part (`McpRun`, `record`, `percentile`, `summarise`) turns what the
+Two layers. The pure part (`McpRun`, `record`, `summarise`) turns what the
 runtime said about each run into loadgen's per-class summary: no I/O, no clock. The shell
 (`run_mcp_workload`) holds `callers` MCP sessions (the official `mcp` client; the runtime's
 caller of a run is its session) and spreads the agents over them. An agent spawns a run (its
@@ -28,7 +28,8 @@ import aiohttp
 from mcp import Client
 from mcp.types import Implementation
 
-from luftpause.testkit.loadgen import jain, pad
+from luftpause.testkit.loadgen import pad
+from luftpause.testkit.stats import jain, percentile
 
 CLASSES = ("interactive", "batch")
 AWAIT_MAX = 600.0  # the runtime's cap on one await
@@ -130,14 +131,6 @@ def prompt_tokens(status: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
         out[node["handle"]] = (int(own["promptTokens"]), int(own.get("cachedPromptTokens", 0)))
         stack.extend(node.get("children", ()))
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q` quantile by rank (as loadgen takes it), rounded to ms; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(int(q * len(ordered)), len(ordered) - 1)], 3)
 
 
 def _mean(values: Sequence[float]) -> float | None:
