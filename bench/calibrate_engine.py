@@ -30,6 +30,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.real_pool import engine_params
+
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.json"
 PARALLEL = 4
 CTX_PER_SLOT = 4096
@@ -339,16 +341,7 @@ def run(workdir: Path) -> dict[str, Any]:
     import xllamacpp
 
     model = gemma.assemble(workdir / gemma.MODEL_NAME)
-    params = xllamacpp.CommonParams()
-    params.model.path = str(model)
-    params.hostnames = ["127.0.0.1"]
-    params.port = 0
-    params.n_parallel = PARALLEL
-    params.n_ctx = PARALLEL * CTX_PER_SLOT
-    params.cpuparams.n_threads = 1
-    params.cpuparams_batch.n_threads = 1
-    params.endpoint_metrics = True
-    params.cache_prompt = True
+    params = engine_params(model, 0, PARALLEL, CTX_PER_SLOT)
     rng = random.Random(7)
     started = time.monotonic()
     server = xllamacpp.Server(params)

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from luftpause.testkit.procs import Proc, free_port
 
@@ -101,15 +101,14 @@ def model_path(cache_dir: Path = CACHE_DIR) -> Path:
     return target
 
 
-def serve_one(port: int, model: Path, parallel: int, ctx_per_slot: int) -> NoReturn:
-    """Run one llama.cpp server in this process until SIGTERM or SIGINT."""
+def engine_params(model: Path, port: int, parallel: int, ctx_per_slot: int) -> Any:
+    """llama.cpp settings shared with bench/calibrate_engine.py: loopback, one compute thread,
+    `parallel` slots of `ctx_per_slot` tokens, prompt caching and /metrics on.
+    """
     import xllamacpp
 
-    # Blocked before the server's threads start, so they inherit the mask and sigwait sees it.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     params = xllamacpp.CommonParams()
     params.model.path = str(model)
-    params.model_alias = {MODEL}
     params.hostnames = ["127.0.0.1"]
     params.port = port
     params.n_parallel = parallel
@@ -118,6 +117,17 @@ def serve_one(port: int, model: Path, parallel: int, ctx_per_slot: int) -> NoRet
     params.cpuparams_batch.n_threads = 1
     params.endpoint_metrics = True
     params.cache_prompt = True
+    return params
+
+
+def serve_one(port: int, model: Path, parallel: int, ctx_per_slot: int) -> NoReturn:
+    """Run one llama.cpp server in this process until SIGTERM or SIGINT."""
+    import xllamacpp
+
+    # Blocked before the server's threads start, so they inherit the mask and sigwait sees it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    params = engine_params(model, port, parallel, ctx_per_slot)
+    params.model_alias = {MODEL}
     # Gemma 3 uses sliding-window attention; a full-size SWA cache lets a prompt reuse any
     # cached prefix instead of only the exact previous prompt.
     params.swa_full = True
