@@ -1,9 +1,11 @@
-"""Admit round trip over gRPC on loopback: one at a time, and paced at a fixed rate.
+"""Admission round trip over gRPC on loopback: one at a time, and paced at a fixed rate.
 
 Run: `.venv/bin/python -m bench.admit_rtt [--rate 1000] [--seconds 5] [--sequential 2000]`.
-Every admitted turn is reported finished on the Report stream right after (not timed), so the
-scheduler's state stays the size of a live pool. The client is Python grpc.aio on the same
-machine: its own cost is inside every number.
+Two arms: admissions on one `Session` stream (what the dataplane does) and one unary `Admit`
+call per turn. Every admitted turn is reported finished on the session right after (not
+timed), so the scheduler's state stays the size of a live pool. The client is Python grpc.aio
+on the same machine: its own cost is inside every number; the scheduler's CPU per admission
+(utime+stime from /proc, sequential phase) is reported beside it.
 """
 
 from __future__ import annotations
@@ -19,24 +21,47 @@ import grpc
 import uvloop
 
 from bench.common import percentiles, write_result
+from bench.overhead import cpu_seconds
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
 from luftpause.testkit.stack import LocalStack
 
 
 class Admitter:
-    def __init__(self, stub: pb_grpc.SchedulerStub, report: grpc.aio.StreamUnaryCall) -> None:
+    """Admits turns over a unary `Admit` call each, or over one `Session` stream (the
+    dataplane's way); either way each admitted turn is reported finished on the session."""
+
+    def __init__(self, stub: pb_grpc.SchedulerStub, *, unary: bool) -> None:
         self.stub = stub
-        self.report = report
+        self.unary = unary
         self.n = 0
-        # One writer: a gRPC stream takes one write at a time.
-        self.events: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
+        self.session = stub.Session()
+        self.waiting: dict[str, asyncio.Future[pb.AdmitReply]] = {}
+        # One writer: a gRPC stream takes one write at a time; it sends what queued as one message.
+        self.items: asyncio.Queue[pb.DataplaneItem | None] = asyncio.Queue()
         self.writer = asyncio.create_task(self._write())
+        self.reader = asyncio.create_task(self._read())
 
     async def _write(self) -> None:
-        while (event := await self.events.get()) is not None:
-            await self.report.write(event)
-        await self.report.done_writing()
+        while (item := await self.items.get()) is not None:
+            await asyncio.sleep(0)
+            batch = pb.DataplaneBatch(items=[item])
+            while not self.items.empty() and (item := self.items.get_nowait()) is not None:
+                batch.items.append(item)
+            await self.session.write(batch)
+            if item is None:
+                break
+        await self.session.done_writing()
+
+    async def _read(self) -> None:
+        async for batch in self.session:
+            for placement in batch.placements:
+                self.waiting.pop(placement.turn_id).set_result(placement.placed)
+
+    async def close(self) -> None:
+        self.items.put_nowait(None)
+        await self.writer
+        await self.reader
 
     async def one(self, run: int) -> float:
         self.n += 1
@@ -50,13 +75,17 @@ class Admitter:
             dataplane_id="bench",
         )
         t0 = time.perf_counter()
-        await self.stub.Admit(req)
+        if self.unary:
+            await self.stub.Admit(req)
+        else:
+            fut = asyncio.get_running_loop().create_future()
+            self.waiting[turn] = fut
+            self.items.put_nowait(pb.DataplaneItem(admit=req))
+            await fut
         rtt = time.perf_counter() - t0
-        self.events.put_nowait(
-            pb.TurnEvent(
-                turn_id=turn, run_id=f"r{run}", finished=pb.TurnFinished(finish_reason="stop")
-            )
-        )
+        finished = pb.TurnFinished(finish_reason="stop")
+        event = pb.TurnEvent(turn_id=turn, run_id=f"r{run}", finished=finished)
+        self.items.put_nowait(pb.DataplaneItem(event=event))
         return rtt
 
 
@@ -122,23 +151,26 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{local.grpc_port}")
         stack.push_async_callback(channel.close)
         stub = pb_grpc.SchedulerStub(channel)
-        report = stub.Report()
-        adm = Admitter(stub, report)
-        await sequential(adm, 200)  # warm-up
-        seq = await sequential(adm, args.sequential)
-        rtts, achieved = await paced(adm, args.rate, args.seconds)
-        resync_ms = await resync(stub, args.resync_runs, 5)
-        adm.events.put_nowait(None)
-        await adm.writer
-        return {
-            "sequential_ms": percentiles(seq),
-            "resync_ms": resync_ms,
-            "paced": {
-                "target_rate": args.rate,
-                "achieved_rate": round(achieved, 1),
-                "rtt_ms": percentiles(rtts),
-            },
-        }
+        out: dict[str, object] = {}
+        for arm in ("session", "unary"):
+            adm = Admitter(stub, unary=arm == "unary")
+            await sequential(adm, 200)  # warm-up
+            c0 = cpu_seconds([local.procs["scheduler"].pid])
+            seq = await sequential(adm, args.sequential)
+            cpu = cpu_seconds([local.procs["scheduler"].pid]) - c0
+            rtts, achieved = await paced(adm, args.rate, args.seconds)
+            await adm.close()
+            out[arm] = {
+                "sequential_ms": percentiles(seq),
+                "scheduler_cpu_ms_per_admit_sequential": round(1000 * cpu / args.sequential, 3),
+                "paced": {
+                    "target_rate": args.rate,
+                    "achieved_rate": round(achieved, 1),
+                    "rtt_ms": percentiles(rtts),
+                },
+            }
+        out["resync_ms"] = await resync(stub, args.resync_runs, 5)
+        return out
 
 
 def main() -> None:

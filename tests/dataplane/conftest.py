@@ -103,7 +103,7 @@ async def running_stack(
     try:
         async with asyncio.timeout(5):
             await s.dp.link.wait_ready()
-            await scheduler.changes.until(lambda: "report" in scheduler.calls)
+            await scheduler.changes.until(lambda: "session" in scheduler.calls)
         yield s
     finally:
         await http.close()

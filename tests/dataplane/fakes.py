@@ -49,6 +49,8 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         self.admits: list[pb.AdmitRequest] = []
         self.admits_cancelled: list[str] = []
         self.events: list[pb.TurnEvent] = []
+        # Items per Session message, in arrival order.
+        self.batches: list[int] = []
         self.resyncs: list[pb.ResyncRequest] = []
         self.hold = False
         self.fail_admits = 0
@@ -59,7 +61,7 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
     def events_of(self, turn_id: str) -> list[str]:
         return [e.WhichOneof("kind") or "" for e in self.events if e.turn_id == turn_id]
 
-    def break_report_streams(self) -> None:
+    def break_sessions(self) -> None:
         for breaker in self._breakers:
             breaker.set()
 
@@ -67,49 +69,69 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         self.calls.append(call)
         self.changes.notify()
 
-    async def Admit(self, request: pb.AdmitRequest, context: Any) -> pb.AdmitReply:
-        self.admits.append(request)
-        self._record("admit")
-        if self.fail_admits > 0:
-            self.fail_admits -= 1
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler restarting")
+    def _place(self, request: pb.AdmitRequest) -> pb.Placement:
         if request.model not in self.models:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"no Generative replica serves model '{request.model}'"
+            refusal = pb.Refusal(
+                code=grpc.StatusCode.NOT_FOUND.value[0],
+                message=f"no Generative replica serves model '{request.model}'",
             )
-        if self.hold:
-            try:
-                await self.release.wait()
-            except asyncio.CancelledError:
-                self.admits_cancelled.append(request.turn_id)
-                self.changes.notify()
-                raise
-        return pb.AdmitReply(
+            return pb.Placement(turn_id=request.turn_id, refused=refusal)
+        reply = pb.AdmitReply(
             turn_id=request.turn_id, replica_id=self.replica_id, replica_url=self.replica_url
         )
+        return pb.Placement(turn_id=request.turn_id, placed=reply)
 
-    async def Report(self, request_iterator: Any, context: Any) -> pb.ReportSummary:
-        self._record("report")
+    async def Session(self, request_iterator: Any, context: Any) -> None:
+        """Places each admission at once (or on `release` while `hold`); `fail_admits` breaks
+        the stream at the next admissions, as a scheduler going away would."""
+        self._record("session")
         breaker = asyncio.Event()
         self._breakers.append(breaker)
-        count = 0
+        held: dict[str, pb.AdmitRequest] = {}
+        out: asyncio.Queue[pb.Placement] = asyncio.Queue()
 
         async def consume() -> None:
-            nonlocal count
-            async for event in request_iterator:
-                count += 1
-                self.events.append(event)
+            async for batch in request_iterator:
+                self.batches.append(len(batch.items))
+                for item in batch.items:
+                    if item.HasField("event"):
+                        self.events.append(item.event)
+                        if item.event.HasField("abandoned") and item.event.turn_id in held:
+                            del held[item.event.turn_id]
+                            self.admits_cancelled.append(item.event.turn_id)
+                        continue
+                    self.admits.append(item.admit)
+                    self._record("admit")
+                    if self.fail_admits > 0:
+                        self.fail_admits -= 1
+                        breaker.set()
+                        return
+                    if self.hold:
+                        held[item.admit.turn_id] = item.admit
+                    else:
+                        out.put_nowait(self._place(item.admit))
                 self.changes.notify()
 
-        reading = asyncio.create_task(consume())
+        async def release() -> None:
+            await self.release.wait()
+            for request in held.values():
+                out.put_nowait(self._place(request))
+            held.clear()
+
+        async def write() -> None:
+            while True:
+                await context.write(pb.PlacementBatch(placements=[await out.get()]))
+
+        tasks = [asyncio.create_task(t()) for t in (consume, release, write)]
         breaking = asyncio.create_task(breaker.wait())
-        done, _ = await asyncio.wait({reading, breaking}, return_when=asyncio.FIRST_COMPLETED)
-        reading.cancel()
-        breaking.cancel()
-        if breaking in done:
-            self._record("report-broken")
+        await asyncio.wait({tasks[0], breaking}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (*tasks, breaking):
+            task.cancel()
+        self.admits_cancelled.extend(held)
+        self.changes.notify()
+        if breaker.is_set():
+            self._record("session-broken")
             await context.abort(grpc.StatusCode.UNAVAILABLE, "scheduler restarting")
-        return pb.ReportSummary(events=count)
 
     async def Resync(self, request: pb.ResyncRequest, context: Any) -> pb.ResyncReply:
         self.resyncs.append(request)

@@ -1,19 +1,20 @@
-"""The scheduler link: Resync before every Report stream, turns held through outages."""
+"""The scheduler link: Resync before every Session stream, turns held through outages."""
 
 from __future__ import annotations
 
 import asyncio
 
+from luftpause.dataplane import wire
 from luftpause.rpc import scheduler_pb2 as pb
 from tests.dataplane.conftest import Stack
 
 
 def kinds_after(calls: list[str], start: int) -> list[str]:
-    return [c for c in calls[start:] if c in ("resync", "report", "admit", "report-broken")]
+    return [c for c in calls[start:] if c in ("resync", "session", "admit", "session-broken")]
 
 
 async def test_startup_sends_resync_before_opening_report(stack: Stack) -> None:
-    assert stack.scheduler.calls[:2] == ["resync", "report"]
+    assert stack.scheduler.calls[:2] == ["resync", "session"]
     assert stack.scheduler.resyncs[0].dataplane_id == "dp-test"
     assert list(stack.scheduler.resyncs[0].runs) == []
 
@@ -22,12 +23,12 @@ async def test_broken_report_stream_reconnects_with_resync_first(stack: Stack) -
     async with asyncio.timeout(10):
         await stack.post(stack.chat(), **{"x-luftpause-run-id": "run-1"})
         mark = len(stack.scheduler.calls)
-        stack.scheduler.break_report_streams()
+        stack.scheduler.break_sessions()
         await stack.scheduler.changes.until(
-            lambda: kinds_after(stack.scheduler.calls, mark)[-2:] == ["resync", "report"]
+            lambda: kinds_after(stack.scheduler.calls, mark)[-2:] == ["resync", "session"]
         )
         await stack.dp.link.wait_ready()
-    assert kinds_after(stack.scheduler.calls, mark) == ["report-broken", "resync", "report"]
+    assert kinds_after(stack.scheduler.calls, mark) == ["session-broken", "resync", "session"]
     runs = {r.run_id: r for r in stack.scheduler.resyncs[-1].runs}
     assert runs["run-1"].phase == pb.RUN_PHASE_IDLE
     assert runs["run-1"].replica_id == "engine-a"
@@ -36,12 +37,24 @@ async def test_broken_report_stream_reconnects_with_resync_first(stack: Stack) -
 
 async def test_events_after_a_reconnect_go_on_the_new_stream(stack: Stack) -> None:
     async with asyncio.timeout(10):
-        stack.scheduler.break_report_streams()
-        await stack.scheduler.changes.until(lambda: stack.scheduler.calls.count("report") == 2)
+        stack.scheduler.break_sessions()
+        await stack.scheduler.changes.until(lambda: stack.scheduler.calls.count("session") == 2)
         await stack.dp.link.wait_ready()
         await stack.post(stack.chat())
         events = await stack.turn_events(stack.scheduler.admits[-1].turn_id, 3)
     assert events == ["started", "first_token", "finished"]
+
+
+async def test_events_queued_during_a_write_go_out_as_one_message(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        await stack.dp.link.wait_ready()
+        before = len(stack.scheduler.events)
+        for i in range(5):
+            stack.dp.link.report(wire.run_ended(f"run-{i}"))
+        await stack.scheduler.changes.until(lambda: len(stack.scheduler.events) == before + 5)
+    assert stack.scheduler.batches[-1] == 5
+    ended = [e.run_id for e in stack.scheduler.events[before:]]
+    assert ended == [f"run-{i}" for i in range(5)]
 
 
 async def test_resync_carries_turns_in_flight(stack: Stack) -> None:
@@ -59,7 +72,7 @@ async def test_resync_carries_turns_in_flight(stack: Stack) -> None:
             )
         )
         await stack.engine.changes.until(lambda: len(stack.engine.seen) == 1)
-        stack.scheduler.break_report_streams()
+        stack.scheduler.break_sessions()
         resyncs = len(stack.scheduler.resyncs)
         await stack.scheduler.changes.until(lambda: len(stack.scheduler.resyncs) > resyncs)
         release.set()
@@ -77,7 +90,7 @@ async def test_resync_carries_turns_in_flight(stack: Stack) -> None:
     assert status == 200
 
 
-async def test_unreachable_admit_is_retried_under_the_same_turn_id_after_a_resync(
+async def test_admission_lost_with_its_stream_is_sent_again_under_the_same_turn_id_after_a_resync(
     stack: Stack,
 ) -> None:
     stack.scheduler.fail_admits = 2
@@ -88,7 +101,17 @@ async def test_unreachable_admit_is_retried_under_the_same_turn_id_after_a_resyn
     assert status == 200
     assert len(admits) == 3 and len({a.turn_id for a in admits}) == 1
     calls = kinds_after(stack.scheduler.calls, mark)
-    assert calls == ["admit", "resync", "report", "admit", "resync", "report", "admit"]
+    assert calls == [
+        "admit",
+        "session-broken",
+        "resync",
+        "session",
+        "admit",
+        "session-broken",
+        "resync",
+        "session",
+        "admit",
+    ]
 
 
 async def test_turn_is_held_while_the_scheduler_is_down_and_admitted_once_it_is_back(

@@ -1,9 +1,11 @@
-"""The gRPC surface in-process: single-pass admission and Report streams naming their dataplane."""
+"""The gRPC surface in-process: single-pass admission, and Session streams: placements down,
+held turns withdrawn or dropped with their stream, the dataplane each names."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -61,17 +63,115 @@ async def test_single_pass_model_is_not_served_by_generative_replicas(
     assert err.value.details() == "no Single-pass replica serves model 'llm'"
 
 
-async def test_report_stream_marks_its_dataplane_connected_then_gone(
+def admit_item(turn: str, model: str = "llm", run: str = "r") -> pb.DataplaneItem:
+    return pb.DataplaneItem(
+        admit=pb.AdmitRequest(turn_id=turn, run_id=run, model=model, dataplane_id="dp-7")
+    )
+
+
+def event_item(**kwargs: object) -> pb.DataplaneItem:
+    return pb.DataplaneItem(event=pb.TurnEvent(**kwargs))  # type: ignore[arg-type]
+
+
+async def placements(call: Any, count: int) -> dict[str, pb.Placement]:
+    got: dict[str, pb.Placement] = {}
+    while len(got) < count:
+        batch = await call.read()
+        got.update({p.turn_id: p for p in batch.placements})
+    return got
+
+
+async def test_session_marks_its_dataplane_connected_then_gone(
     served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
 ) -> None:
     host, stub = served
-    call = stub.Report(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
     async with asyncio.timeout(5):
-        await call.write(pb.TurnEvent(turn_id="x", run_id="r", started=pb.TurnStarted()))
+        await call.write(
+            pb.DataplaneBatch(items=[event_item(turn_id="x", run_id="r", started=pb.TurnStarted())])
+        )
         while "dp-7" not in host.state.dataplanes:
             await asyncio.sleep(0.01)
         assert host.state.dataplanes["dp-7"].streams == 1
         await call.done_writing()
-        await call
+        assert [batch async for batch in call] == []
     link = host.state.dataplanes["dp-7"]
     assert link.streams == 0 and link.gone_since is not None
+
+
+async def test_session_places_refuses_and_rejects_admissions_sent_in_one_message(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    _, stub = served
+    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    bad = pb.DataplaneItem(admit=pb.AdmitRequest(turn_id="t3", model="llm"))
+    async with asyncio.timeout(5):
+        await call.write(
+            pb.DataplaneBatch(items=[admit_item("t1"), admit_item("t2", model="nope"), bad])
+        )
+        got = await placements(call, 3)
+        await call.done_writing()
+    assert got["t1"].placed.replica_id == "gen" and got["t1"].placed.replica_url == "http://gen:1"
+    assert got["t2"].refused.code == grpc.StatusCode.NOT_FOUND.value[0]
+    assert got["t2"].refused.message == "no Generative replica serves model 'nope'"
+    assert got["t3"].refused.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+async def test_held_admission_is_withdrawn_by_its_abandoned_event(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    host, stub = served
+    host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=False))
+    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    async with asyncio.timeout(5):
+        await call.write(pb.DataplaneBatch(items=[admit_item("t1")]))
+        while "t1" not in host.state.held:
+            await asyncio.sleep(0.01)
+        await call.write(
+            pb.DataplaneBatch(items=[event_item(turn_id="t1", abandoned=pb.TurnAbandoned())])
+        )
+        while "t1" in host.state.held:
+            await asyncio.sleep(0.01)
+        await call.done_writing()
+        assert [batch async for batch in call] == []
+
+
+async def test_held_admissions_are_dropped_when_their_session_ends(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    host, stub = served
+    host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=False))
+    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    async with asyncio.timeout(5):
+        await call.write(pb.DataplaneBatch(items=[admit_item("t1"), admit_item("t2", run="r2")]))
+        while len(host.state.held) < 2:
+            await asyncio.sleep(0.01)
+        call.cancel()
+        while host.state.held:
+            await asyncio.sleep(0.01)
+    host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=True))
+    assert not host.state.turns
+
+
+async def test_an_admission_sent_again_on_a_new_session_is_placed_there(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    host, stub = served
+    host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=False))
+    old = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    new = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    async with asyncio.timeout(5):
+        await old.write(pb.DataplaneBatch(items=[admit_item("t1")]))
+        await new.write(pb.DataplaneBatch(items=[admit_item("t1")]))
+        while (
+            host.state.dataplanes.get("dp-7") is None or host.state.dataplanes["dp-7"].streams < 2
+        ):
+            await asyncio.sleep(0.01)
+        old.cancel()  # the old stream's end must not withdraw the turn the new one waits for
+        while host.state.dataplanes["dp-7"].streams > 1:
+            await asyncio.sleep(0.01)
+        assert "t1" in host.state.held
+        host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=True))
+        got = await placements(new, 1)
+        await new.done_writing()
+    assert got["t1"].placed.replica_id == "gen"

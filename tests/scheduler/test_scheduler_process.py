@@ -1,4 +1,4 @@
-"""The scheduler as a real process: gRPC Admit/Report/Resync/Status, health, reflection, HTTP.
+"""The scheduler as a real process: gRPC Admit/Session/Resync/Status, health, reflection, HTTP.
 
 Engines are tiny aiohttp servers in the test whose health and reported load we control.
 """
@@ -167,24 +167,24 @@ async def test_capped_replica_holds_turns_until_a_reported_finish_frees_a_slot(
     assert first.replica_id == "a"
     second = asyncio.ensure_future(stack.stub.Admit(admit("t2", "r2")))
     await stack.until(lambda s: s["held_total"] == 1)
-    report = stack.stub.Report()
-    await report.write(pb.TurnEvent(turn_id="t1", run_id="r1", started=pb.TurnStarted()))
-    await report.write(
-        pb.TurnEvent(
-            turn_id="t1",
-            run_id="r1",
-            finished=pb.TurnFinished(finish_reason="tool_calls", tool_calls=True),
-        )
+    started = pb.TurnEvent(turn_id="t1", run_id="r1", started=pb.TurnStarted())
+    finished = pb.TurnEvent(
+        turn_id="t1",
+        run_id="r1",
+        finished=pb.TurnFinished(finish_reason="tool_calls", tool_calls=True),
+    )
+    session = stack.stub.Session()
+    await session.write(
+        pb.DataplaneBatch(items=[pb.DataplaneItem(event=started), pb.DataplaneItem(event=finished)])
     )
     async with asyncio.timeout(5):
         placed = await second
     assert placed.replica_id == "a" and placed.held_ms > 0
     st = await stack.status()
     assert st["runs"]["tool_paused"]["interactive"] == 1
-    await report.done_writing()
+    await session.done_writing()
     async with asyncio.timeout(5):
-        summary = await report
-    assert summary.events == 2
+        assert [batch async for batch in session] == []
 
 
 async def test_resync_rebuilds_runs_and_turns_in_flight(stack: Stack) -> None:

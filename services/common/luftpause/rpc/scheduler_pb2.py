@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dluftpause/rpc/scheduler.proto\x12\x0cluftpause.v1\"\xac\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61taplane_id\x18\x06 \x01(\t\x12\x13\n\x0bsingle_pass\x18\x07 \x01(\x08\"W\n\nAdmitReply\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x13\n\x0breplica_url\x18\x03 \x01(\t\x12\x0f\n\x07held_ms\x18\x04 \x01(\x01\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\"\r\n\x0bTurnStarted\"\x0c\n\nFirstToken\"]\n\x0cTurnFinished\x12\"\n\x05usage\x18\x01 \x01(\x0b\x32\x13.luftpause.v1.Usage\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x12\n\ntool_calls\x18\x03 \x01(\x08\"\x1c\n\nTurnFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xce\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12,\n\x07started\x18\n \x01(\x0b\x32\x19.luftpause.v1.TurnStartedH\x00\x12/\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\x18.luftpause.v1.FirstTokenH\x00\x12.\n\x08\x66inished\x18\x0c \x01(\x0b\x32\x1a.luftpause.v1.TurnFinishedH\x00\x12*\n\x06\x66\x61iled\x18\r \x01(\x0b\x32\x18.luftpause.v1.TurnFailedH\x00\x12\x30\n\tabandoned\x18\x0e \x01(\x0b\x32\x1b.luftpause.v1.TurnAbandonedH\x00\x12+\n\trun_ended\x18\x0f \x01(\x0b\x32\x16.luftpause.v1.RunEndedH\x00\x42\x06\n\x04kind\"\x1f\n\rReportSummary\x12\x0e\n\x06\x65vents\x18\x01 \x01(\x03\"\xb1\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0cidle_seconds\x18\x06 \x01(\x01\"\x95\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\rservice_class\x18\x05 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"y\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12\'\n\x04runs\x18\x02 \x03(\x0b\x32\x19.luftpause.v1.RunSnapshot\x12)\n\x05turns\x18\x03 \x03(\x0b\x32\x1a.luftpause.v1.TurnSnapshot\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\x03\x12\r\n\x05turns\x18\x02 \x01(\x03\"\x13\n\x11ListModelsRequest\",\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\":\n\x0fListModelsReply\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.ModelInfo\"\x0f\n\rStatusRequest\"\xd8\x01\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x03\x12\x0e\n\x06\x63\x61pped\x18\x06 \x01(\x08\x12\x16\n\x0e\x65ngine_running\x18\x07 \x01(\x03\x12\x16\n\x0e\x65ngine_waiting\x18\x08 \x01(\x03\x12\x0e\n\x06models\x18\t \x03(\t\x12\x0c\n\x04kind\x18\n \x01(\t\x12\x1a\n\x12paused_interactive\x18\x0b \x01(\x03\"z\n\tHeldGroup\x12\x31\n\rservice_class\x18\x01 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x1b\n\x13oldest_wait_seconds\x18\x04 \x01(\x01\"s\n\x08RunCount\x12%\n\x05phase\x18\x01 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x02 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"\xa2\x01\n\x0bStatusReply\x12-\n\x08replicas\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.ReplicaStatus\x12%\n\x04held\x18\x02 \x03(\x0b\x32\x17.luftpause.v1.HeldGroup\x12$\n\x04runs\x18\x03 \x03(\x0b\x32\x16.luftpause.v1.RunCount\x12\x17\n\x0fturns_in_flight\x18\x04 \x01(\x03*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x02*n\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x18\n\x14RUN_PHASE_GENERATING\x10\x02\x12\x19\n\x15RUN_PHASE_TOOL_PAUSED\x10\x03\x32\xde\x02\n\tScheduler\x12=\n\x05\x41\x64mit\x12\x1a.luftpause.v1.AdmitRequest\x1a\x18.luftpause.v1.AdmitReply\x12@\n\x06Report\x12\x17.luftpause.v1.TurnEvent\x1a\x1b.luftpause.v1.ReportSummary(\x01\x12@\n\x06Resync\x12\x1b.luftpause.v1.ResyncRequest\x1a\x19.luftpause.v1.ResyncReply\x12L\n\nListModels\x12\x1f.luftpause.v1.ListModelsRequest\x1a\x1d.luftpause.v1.ListModelsReply\x12@\n\x06Status\x12\x1b.luftpause.v1.StatusRequest\x1a\x19.luftpause.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dluftpause/rpc/scheduler.proto\x12\x0cluftpause.v1\"\xac\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61taplane_id\x18\x06 \x01(\t\x12\x13\n\x0bsingle_pass\x18\x07 \x01(\x08\"W\n\nAdmitReply\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x13\n\x0breplica_url\x18\x03 \x01(\t\x12\x0f\n\x07held_ms\x18\x04 \x01(\x01\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\"\r\n\x0bTurnStarted\"\x0c\n\nFirstToken\"]\n\x0cTurnFinished\x12\"\n\x05usage\x18\x01 \x01(\x0b\x32\x13.luftpause.v1.Usage\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x12\n\ntool_calls\x18\x03 \x01(\x08\"\x1c\n\nTurnFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xce\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12,\n\x07started\x18\n \x01(\x0b\x32\x19.luftpause.v1.TurnStartedH\x00\x12/\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\x18.luftpause.v1.FirstTokenH\x00\x12.\n\x08\x66inished\x18\x0c \x01(\x0b\x32\x1a.luftpause.v1.TurnFinishedH\x00\x12*\n\x06\x66\x61iled\x18\r \x01(\x0b\x32\x18.luftpause.v1.TurnFailedH\x00\x12\x30\n\tabandoned\x18\x0e \x01(\x0b\x32\x1b.luftpause.v1.TurnAbandonedH\x00\x12+\n\trun_ended\x18\x0f \x01(\x0b\x32\x16.luftpause.v1.RunEndedH\x00\x42\x06\n\x04kind\"n\n\rDataplaneItem\x12+\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12(\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x42\x06\n\x04kind\"<\n\x0e\x44\x61taplaneBatch\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"}\n\tPlacement\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12*\n\x06placed\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReplyH\x00\x12(\n\x07refused\x18\x03 \x01(\x0b\x32\x15.luftpause.v1.RefusalH\x00\x42\t\n\x07outcome\"(\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"=\n\x0ePlacementBatch\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.Placement\"\xb1\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0cidle_seconds\x18\x06 \x01(\x01\"\x95\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\rservice_class\x18\x05 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"y\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12\'\n\x04runs\x18\x02 \x03(\x0b\x32\x19.luftpause.v1.RunSnapshot\x12)\n\x05turns\x18\x03 \x03(\x0b\x32\x1a.luftpause.v1.TurnSnapshot\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\x03\x12\r\n\x05turns\x18\x02 \x01(\x03\"\x13\n\x11ListModelsRequest\",\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\":\n\x0fListModelsReply\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.ModelInfo\"\x0f\n\rStatusRequest\"\xd8\x01\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x03\x12\x0e\n\x06\x63\x61pped\x18\x06 \x01(\x08\x12\x16\n\x0e\x65ngine_running\x18\x07 \x01(\x03\x12\x16\n\x0e\x65ngine_waiting\x18\x08 \x01(\x03\x12\x0e\n\x06models\x18\t \x03(\t\x12\x0c\n\x04kind\x18\n \x01(\t\x12\x1a\n\x12paused_interactive\x18\x0b \x01(\x03\"z\n\tHeldGroup\x12\x31\n\rservice_class\x18\x01 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x1b\n\x13oldest_wait_seconds\x18\x04 \x01(\x01\"s\n\x08RunCount\x12%\n\x05phase\x18\x01 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x02 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"\xa2\x01\n\x0bStatusReply\x12-\n\x08replicas\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.ReplicaStatus\x12%\n\x04held\x18\x02 \x03(\x0b\x32\x17.luftpause.v1.HeldGroup\x12$\n\x04runs\x18\x03 \x03(\x0b\x32\x16.luftpause.v1.RunCount\x12\x17\n\x0fturns_in_flight\x18\x04 \x01(\x03*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x02*n\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x18\n\x14RUN_PHASE_GENERATING\x10\x02\x12\x19\n\x15RUN_PHASE_TOOL_PAUSED\x10\x03\x32\xe7\x02\n\tScheduler\x12=\n\x05\x41\x64mit\x12\x1a.luftpause.v1.AdmitRequest\x1a\x18.luftpause.v1.AdmitReply\x12I\n\x07Session\x12\x1c.luftpause.v1.DataplaneBatch\x1a\x1c.luftpause.v1.PlacementBatch(\x01\x30\x01\x12@\n\x06Resync\x12\x1b.luftpause.v1.ResyncRequest\x1a\x19.luftpause.v1.ResyncReply\x12L\n\nListModels\x12\x1f.luftpause.v1.ListModelsRequest\x1a\x1d.luftpause.v1.ListModelsReply\x12@\n\x06Status\x12\x1b.luftpause.v1.StatusRequest\x1a\x19.luftpause.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'luftpause.rpc.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=2214
-  _globals['_SERVICECLASS']._serialized_end=2315
-  _globals['_RUNPHASE']._serialized_start=2317
-  _globals['_RUNPHASE']._serialized_end=2427
+  _globals['_SERVICECLASS']._serialized_start=2587
+  _globals['_SERVICECLASS']._serialized_end=2688
+  _globals['_RUNPHASE']._serialized_start=2690
+  _globals['_RUNPHASE']._serialized_end=2800
   _globals['_ADMITREQUEST']._serialized_start=48
   _globals['_ADMITREQUEST']._serialized_end=220
   _globals['_ADMITREPLY']._serialized_start=222
@@ -55,32 +55,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNENDED']._serialized_end=574
   _globals['_TURNEVENT']._serialized_start=577
   _globals['_TURNEVENT']._serialized_end=911
-  _globals['_REPORTSUMMARY']._serialized_start=913
-  _globals['_REPORTSUMMARY']._serialized_end=944
-  _globals['_RUNSNAPSHOT']._serialized_start=947
-  _globals['_RUNSNAPSHOT']._serialized_end=1124
-  _globals['_TURNSNAPSHOT']._serialized_start=1127
-  _globals['_TURNSNAPSHOT']._serialized_end=1276
-  _globals['_RESYNCREQUEST']._serialized_start=1278
-  _globals['_RESYNCREQUEST']._serialized_end=1399
-  _globals['_RESYNCREPLY']._serialized_start=1401
-  _globals['_RESYNCREPLY']._serialized_end=1443
-  _globals['_LISTMODELSREQUEST']._serialized_start=1445
-  _globals['_LISTMODELSREQUEST']._serialized_end=1464
-  _globals['_MODELINFO']._serialized_start=1466
-  _globals['_MODELINFO']._serialized_end=1510
-  _globals['_LISTMODELSREPLY']._serialized_start=1512
-  _globals['_LISTMODELSREPLY']._serialized_end=1570
-  _globals['_STATUSREQUEST']._serialized_start=1572
-  _globals['_STATUSREQUEST']._serialized_end=1587
-  _globals['_REPLICASTATUS']._serialized_start=1590
-  _globals['_REPLICASTATUS']._serialized_end=1806
-  _globals['_HELDGROUP']._serialized_start=1808
-  _globals['_HELDGROUP']._serialized_end=1930
-  _globals['_RUNCOUNT']._serialized_start=1932
-  _globals['_RUNCOUNT']._serialized_end=2047
-  _globals['_STATUSREPLY']._serialized_start=2050
-  _globals['_STATUSREPLY']._serialized_end=2212
-  _globals['_SCHEDULER']._serialized_start=2430
-  _globals['_SCHEDULER']._serialized_end=2780
+  _globals['_DATAPLANEITEM']._serialized_start=913
+  _globals['_DATAPLANEITEM']._serialized_end=1023
+  _globals['_DATAPLANEBATCH']._serialized_start=1025
+  _globals['_DATAPLANEBATCH']._serialized_end=1085
+  _globals['_PLACEMENT']._serialized_start=1087
+  _globals['_PLACEMENT']._serialized_end=1212
+  _globals['_REFUSAL']._serialized_start=1214
+  _globals['_REFUSAL']._serialized_end=1254
+  _globals['_PLACEMENTBATCH']._serialized_start=1256
+  _globals['_PLACEMENTBATCH']._serialized_end=1317
+  _globals['_RUNSNAPSHOT']._serialized_start=1320
+  _globals['_RUNSNAPSHOT']._serialized_end=1497
+  _globals['_TURNSNAPSHOT']._serialized_start=1500
+  _globals['_TURNSNAPSHOT']._serialized_end=1649
+  _globals['_RESYNCREQUEST']._serialized_start=1651
+  _globals['_RESYNCREQUEST']._serialized_end=1772
+  _globals['_RESYNCREPLY']._serialized_start=1774
+  _globals['_RESYNCREPLY']._serialized_end=1816
+  _globals['_LISTMODELSREQUEST']._serialized_start=1818
+  _globals['_LISTMODELSREQUEST']._serialized_end=1837
+  _globals['_MODELINFO']._serialized_start=1839
+  _globals['_MODELINFO']._serialized_end=1883
+  _globals['_LISTMODELSREPLY']._serialized_start=1885
+  _globals['_LISTMODELSREPLY']._serialized_end=1943
+  _globals['_STATUSREQUEST']._serialized_start=1945
+  _globals['_STATUSREQUEST']._serialized_end=1960
+  _globals['_REPLICASTATUS']._serialized_start=1963
+  _globals['_REPLICASTATUS']._serialized_end=2179
+  _globals['_HELDGROUP']._serialized_start=2181
+  _globals['_HELDGROUP']._serialized_end=2303
+  _globals['_RUNCOUNT']._serialized_start=2305
+  _globals['_RUNCOUNT']._serialized_end=2420
+  _globals['_STATUSREPLY']._serialized_start=2423
+  _globals['_STATUSREPLY']._serialized_end=2585
+  _globals['_SCHEDULER']._serialized_start=2803
+  _globals['_SCHEDULER']._serialized_end=3162
 # @@protoc_insertion_point(module_scope)

@@ -119,11 +119,43 @@ class TurnEvent(_message.Message):
     run_ended: RunEnded
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., started: _Optional[_Union[TurnStarted, _Mapping]] = ..., first_token: _Optional[_Union[FirstToken, _Mapping]] = ..., finished: _Optional[_Union[TurnFinished, _Mapping]] = ..., failed: _Optional[_Union[TurnFailed, _Mapping]] = ..., abandoned: _Optional[_Union[TurnAbandoned, _Mapping]] = ..., run_ended: _Optional[_Union[RunEnded, _Mapping]] = ...) -> None: ...
 
-class ReportSummary(_message.Message):
-    __slots__ = ("events",)
-    EVENTS_FIELD_NUMBER: _ClassVar[int]
-    events: int
-    def __init__(self, events: _Optional[int] = ...) -> None: ...
+class DataplaneItem(_message.Message):
+    __slots__ = ("admit", "event")
+    ADMIT_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    admit: AdmitRequest
+    event: TurnEvent
+    def __init__(self, admit: _Optional[_Union[AdmitRequest, _Mapping]] = ..., event: _Optional[_Union[TurnEvent, _Mapping]] = ...) -> None: ...
+
+class DataplaneBatch(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[DataplaneItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[DataplaneItem, _Mapping]]] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("turn_id", "placed", "refused")
+    TURN_ID_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    turn_id: str
+    placed: AdmitReply
+    refused: Refusal
+    def __init__(self, turn_id: _Optional[str] = ..., placed: _Optional[_Union[AdmitReply, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PlacementBatch(_message.Message):
+    __slots__ = ("placements",)
+    PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    placements: _containers.RepeatedCompositeFieldContainer[Placement]
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
 
 class RunSnapshot(_message.Message):
     __slots__ = ("run_id", "replica_id", "phase", "service_class", "caller", "idle_seconds")

@@ -39,10 +39,10 @@ class SchedulerStub:
                 request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitReply.FromString,
                 _registered_method=True)
-        self.Report = channel.stream_unary(
-                '/luftpause.v1.Scheduler/Report',
-                request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.TurnEvent.SerializeToString,
-                response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.ReportSummary.FromString,
+        self.Session = channel.stream_stream(
+                '/luftpause.v1.Scheduler/Session',
+                request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.DataplaneBatch.SerializeToString,
+                response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.PlacementBatch.FromString,
                 _registered_method=True)
         self.Resync = channel.unary_unary(
                 '/luftpause.v1.Scheduler/Resync',
@@ -66,22 +66,23 @@ class SchedulerServicer:
 
     def Admit(self, request, context):
         """Returns once the turn is placed. NOT_FOUND at once for a model no replica serves.
+        Cancelling the call removes the held turn.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Report(self, request_iterator, context):
-        """Turn events from one dataplane, in order. The dataplane names itself in the
-        `x-luftpause-dataplane` metadata; once all its streams have been closed for the grace
-        period (30 s by default), its turns in flight are released.
+    def Session(self, request_iterator, context):
+        """A dataplane's admissions and turn events up, placements down (see the top of this file).
+        The dataplane names itself in the `x-luftpause-dataplane` metadata; once all its streams
+        have been closed for the grace period (30 s by default), its turns in flight are released.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Resync(self, request, context):
-        """Everything one dataplane knows, sent before its Report stream (re)opens.
+        """Everything one dataplane knows, sent before its Session stream (re)opens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -107,10 +108,10 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitRequest.FromString,
                     response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitReply.SerializeToString,
             ),
-            'Report': grpc.stream_unary_rpc_method_handler(
-                    servicer.Report,
-                    request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.TurnEvent.FromString,
-                    response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.ReportSummary.SerializeToString,
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.DataplaneBatch.FromString,
+                    response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.PlacementBatch.SerializeToString,
             ),
             'Resync': grpc.unary_unary_rpc_method_handler(
                     servicer.Resync,
@@ -166,7 +167,7 @@ class Scheduler:
             _registered_method=True)
 
     @staticmethod
-    def Report(request_iterator,
+    def Session(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -176,12 +177,12 @@ class Scheduler:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_unary(
+        return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/luftpause.v1.Scheduler/Report',
-            luftpause_dot_rpc_dot_scheduler__pb2.TurnEvent.SerializeToString,
-            luftpause_dot_rpc_dot_scheduler__pb2.ReportSummary.FromString,
+            '/luftpause.v1.Scheduler/Session',
+            luftpause_dot_rpc_dot_scheduler__pb2.DataplaneBatch.SerializeToString,
+            luftpause_dot_rpc_dot_scheduler__pb2.PlacementBatch.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""The dataplane's connection to the scheduler: Admit, the Report stream, Resync, ListModels.
+"""The dataplane's connection to the scheduler: the Session stream, Resync, ListModels.
 
 Shell module: owns the gRPC channel and one background task; maps gRPC errors to
 `errors` at this boundary.
@@ -6,22 +6,22 @@ Shell module: owns the gRPC channel and one background task; maps gRPC errors to
 Theory of operation
 -------------------
 One background task keeps a *session* up. A session is: snapshot the run table and drop every
-event still queued (the snapshot supersedes them), send `Resync` with the snapshot, open the
-client-streaming `Report` call, mark the link ready, then write queued events to it in order
-until it breaks. A break is the call ending, a failed write, or an Admit that found the
-scheduler unreachable (the link is then *suspect*: the next Admit must not reach a restarted
-scheduler before it has been resynced). After a break the link is not ready, the task waits
-`reconnect_delay` (1 s) and starts a new session, for as long as the process lives.
+item still queued (the snapshot supersedes them), send `Resync` with the snapshot, open the
+bidirectional `Session` call, queue every admission still waiting (in arrival order), mark the
+link ready, then write queued items to it in order until it breaks, while a reader resolves the
+placements that come back. Items that queued while a write was in flight go out together as one
+message. A break is the call ending or a failed write or read. After a break the link is not
+ready, the task waits `reconnect_delay` (1 s) and starts a new session, for as long as the
+process lives.
 
 Events lost in a break (queued, or written but not delivered) are not resent: the `Resync`
 that opens the next session carries the state they would have produced (runs with their phase
 and replica, turns in flight), which is what the scheduler keeps. Usage of a turn that finished
-during the outage is the one fact not carried.
-
-`admit` waits until the link is ready, then calls `Admit`. An unreachable scheduler
-(UNAVAILABLE, DEADLINE_EXCEEDED, ...) makes it wait `reconnect_delay` and the next session,
-then retry under the same turn id, until it succeeds or its caller is cancelled. Cancelling
-`admit` cancels the gRPC call, which removes the held turn at the scheduler.
+during the outage is the one fact not carried. Admissions are never lost: one waits, under its
+turn id, until a placement or a refusal for it arrives, through any number of sessions (the
+scheduler drops a stream's held turns when the stream ends, and placing a turn twice under one
+id gives the same replica). Cancelling `admit` forgets it here; the turn's `abandoned` event,
+on the same ordered stream, withdraws it at the scheduler.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import TypeAlias
 
 import grpc
 import structlog
@@ -41,22 +42,13 @@ from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
 
 RECONNECT_SECONDS = 1.0
-# The scheduler releases a dataplane's turns once all its Report streams are gone a while.
+# The scheduler releases a dataplane's turns once all its Session streams are gone a while.
 DATAPLANE_METADATA = "x-luftpause-dataplane"
 RPC_TIMEOUT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 2.0
+# Items per Session message at most; a message stays far below gRPC's 4 MiB default limit.
+MAX_ITEMS_PER_WRITE = 512
 
-# Codes that mean "not reachable right now", not "no": the turn stays held and is retried.
-_UNREACHABLE = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.INTERNAL,
-    }
-)
 # The channel's own reconnect backoff grows to minutes by default; hold it at our 1 s pace.
 _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 1000),
@@ -65,6 +57,8 @@ _CHANNEL_OPTIONS = [
 ]
 
 log = structlog.get_logger("luftpause.dataplane.link")
+
+_SessionCall: TypeAlias = "grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.PlacementBatch]"
 
 
 class SchedulerLink:
@@ -84,9 +78,9 @@ class SchedulerLink:
         self._runs = runs
         self._clock = clock
         self._reconnect_delay = reconnect_delay
-        self._queue: asyncio.Queue[pb.TurnEvent | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[pb.DataplaneItem | None] = asyncio.Queue()
         self._ready = asyncio.Event()
-        self._suspect = asyncio.Event()
+        self._waiting: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
         self._closing = False
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
@@ -94,7 +88,7 @@ class SchedulerLink:
 
     @property
     def ready(self) -> bool:
-        """True while a session is up (resynced, Report open)."""
+        """True while a session is up (resynced, Session open)."""
         return self._ready.is_set()
 
     async def wait_ready(self) -> None:
@@ -122,30 +116,21 @@ class SchedulerLink:
             await self._channel.close()
 
     def report(self, event: pb.TurnEvent) -> None:
-        """Queue an event for the Report stream; never blocks."""
-        self._queue.put_nowait(event)
+        """Queue an event for the Session stream; never blocks."""
+        self._queue.put_nowait(pb.DataplaneItem(event=event))
 
     async def admit(self, request: pb.AdmitRequest) -> pb.AdmitReply:
         """Wait until the scheduler places the turn; hold through outages."""
-        while True:
-            await self._ready.wait()
-            try:
-                reply: pb.AdmitReply = await self._require_stub().Admit(request)
-                return reply
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                if code == grpc.StatusCode.NOT_FOUND:
-                    raise ModelNotFound(
-                        exc.details() or f"no Generative replica serves model '{request.model}'"
-                    ) from exc
-                if code not in _UNREACHABLE:
-                    raise SchedulerError(f"scheduler: {code.name}: {exc.details()}") from exc
-                log.warning(
-                    "admit: scheduler unreachable, holding", turn_id=request.turn_id, code=code.name
-                )
-                self._ready.clear()
-                self._suspect.set()
-            await asyncio.sleep(self._reconnect_delay)
+        turn_id = request.turn_id
+        fut: asyncio.Future[pb.AdmitReply] = asyncio.get_running_loop().create_future()
+        self._waiting[turn_id] = (request, fut)
+        if self.ready:
+            self._queue.put_nowait(pb.DataplaneItem(admit=request))
+        try:
+            return await fut
+        finally:
+            if self._waiting.get(turn_id, (None, None))[1] is fut:
+                del self._waiting[turn_id]
 
     async def list_models(self) -> list[str]:
         """Model ids served by generative replicas, from the scheduler."""
@@ -176,33 +161,36 @@ class SchedulerLink:
 
     async def _session(self) -> None:
         stub = self._require_stub()
-        self._suspect.clear()
         snapshot = self._runs.snapshot(self._clock())
         dropped = self._drop_queued()
         reply = await stub.Resync(
             wire.resync_request(snapshot, self.dataplane_id), timeout=RPC_TIMEOUT_SECONDS
         )
-        call = stub.Report(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
+        call = stub.Session(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
         try:
             await call.wait_for_connection()
+            for request, _ in self._waiting.values():
+                self._queue.put_nowait(pb.DataplaneItem(admit=request))
             self._ready.set()
             log.info(
                 "scheduler link up",
                 target=self.target,
                 runs=reply.runs,
                 turns=reply.turns,
+                held=len(self._waiting),
                 superseded_events=dropped,
             )
             await self._until_broken(call)
         finally:
             self._ready.clear()
             call.cancel()
+            if self._waiting and not self._closing:
+                log.warning("scheduler link down: holding turns", held=len(self._waiting))
 
-    async def _until_broken(self, call: grpc.aio.StreamUnaryCall) -> None:
+    async def _until_broken(self, call: _SessionCall) -> None:
         tasks = {
             asyncio.create_task(self._pump(call)),
-            asyncio.create_task(self._ended(call)),
-            asyncio.create_task(self._suspect.wait()),
+            asyncio.create_task(self._read(call)),
         }
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -213,19 +201,44 @@ class SchedulerLink:
         for task in done:
             task.result()
 
-    async def _pump(self, call: grpc.aio.StreamUnaryCall) -> None:
+    async def _pump(self, call: _SessionCall) -> None:
+        queue = self._queue
         while True:
-            event = await self._queue.get()
-            if event is None:
+            batch = pb.DataplaneBatch()
+            item = await queue.get()
+            await asyncio.sleep(0)  # let the turns that are ready to run queue theirs too
+            # Whatever queued while the last write was in flight goes out as one message.
+            while item is not None:
+                batch.items.append(item)
+                if queue.empty() or len(batch.items) >= MAX_ITEMS_PER_WRITE:
+                    break
+                item = queue.get_nowait()
+            if batch.items:
+                await call.write(batch)
+            if item is None:
                 await call.done_writing()
-                await call
-                return
-            await call.write(event)
+                await asyncio.Event().wait()  # the session ends when the reader sees the end
 
-    async def _ended(self, call: grpc.aio.StreamUnaryCall) -> None:
-        await call
+    async def _read(self, call: _SessionCall) -> None:
+        async for batch in call:
+            for placement in batch.placements:
+                self._resolve(placement)
         if not self._closing:
-            log.warning("scheduler ended the Report stream")
+            log.warning("scheduler ended the Session stream")
+
+    def _resolve(self, placement: pb.Placement) -> None:
+        entry = self._waiting.get(placement.turn_id)
+        if entry is None or entry[1].done():
+            return  # withdrawn meanwhile; its abandoned event ends it at the scheduler
+        fut = entry[1]
+        if placement.HasField("placed"):
+            fut.set_result(placement.placed)
+            return
+        refused = placement.refused
+        if refused.code == grpc.StatusCode.NOT_FOUND.value[0]:
+            fut.set_exception(ModelNotFound(refused.message))
+        else:
+            fut.set_exception(SchedulerError(f"scheduler: {refused.message}"))
 
     def _drop_queued(self) -> int:
         dropped = 0

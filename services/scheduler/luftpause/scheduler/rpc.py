@@ -1,12 +1,14 @@
 """The gRPC surface of the scheduler: translates messages to core events and back.
 
 Shell layer: no decisions here. `Admit` registers a waiter, applies the event and awaits the
-placement; a client cancel arrives as CancelledError and becomes `TurnAbandoned`.
+placement; a client cancel arrives as CancelledError and becomes `TurnAbandoned`. A `Session`
+does the same for each admission on it and writes placements back as they resolve.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -42,7 +44,7 @@ DATAPLANE_METADATA = "x-luftpause-dataplane"
 
 
 def dataplane_of(context: grpc.aio.ServicerContext) -> str:
-    """The dataplane id a Report stream names in its metadata (else its peer address)."""
+    """The dataplane id a Session stream names in its metadata (else its peer address)."""
     for key, value in context.invocation_metadata() or ():
         if key == DATAPLANE_METADATA and isinstance(value, str) and value:
             return value
@@ -142,6 +144,122 @@ def status_reply(host: SchedulerHost) -> pb.StatusReply:
     return reply
 
 
+def _missing_fields(request: pb.AdmitRequest) -> bool:
+    return not request.turn_id or not request.model or not (request.run_id or request.single_pass)
+
+
+def _admit_event(host: SchedulerHost, request: pb.AdmitRequest) -> e.Admit:
+    return e.Admit(
+        at=host.now(),
+        turn_id=request.turn_id,
+        run_id=request.run_id,
+        model=request.model,
+        service_class=service_class(request.service_class),
+        caller=request.caller,
+        dataplane=request.dataplane_id,
+        single_pass=request.single_pass,
+    )
+
+
+def _reply(place: e.Place) -> pb.AdmitReply:
+    return pb.AdmitReply(
+        turn_id=place.turn_id,
+        replica_id=place.replica_id,
+        replica_url=place.replica_url,
+        held_ms=place.held_s * 1000.0,
+    )
+
+
+class _Session:
+    """One dataplane's Session stream: applies what comes up, writes placements down.
+
+    Every admission waits on a host future like a unary Admit does; when it resolves, its
+    placement joins the outgoing queue, and one writer task sends whatever is queued as one
+    message. Closing gives up the admissions still held, exactly as cancelled unary calls would.
+    """
+
+    def __init__(self, host: SchedulerHost, context: grpc.aio.ServicerContext) -> None:
+        self._host = host
+        self._context = context
+        self._waiting: dict[str, tuple[asyncio.Future[e.Place], float]] = {}
+        self._out: asyncio.Queue[pb.Placement | None] = asyncio.Queue()
+        self._writer = asyncio.create_task(self._write())
+
+    def receive(self, batch: pb.DataplaneBatch) -> None:
+        host = self._host
+        for item in batch.items:
+            if item.HasField("admit"):
+                self._admit(item.admit)
+                continue
+            event = turn_event(item.event, host.now())
+            if event is None:
+                continue
+            if isinstance(event, e.TurnFailed):
+                host.metrics.failed_turn(host.state, event.turn_id)
+            host.apply(event)
+
+    def _admit(self, request: pb.AdmitRequest) -> None:
+        turn_id = request.turn_id
+        if _missing_fields(request):
+            self._refuse(turn_id, grpc.StatusCode.INVALID_ARGUMENT, _MISSING)
+            return
+        if turn_id in self._waiting:
+            return  # sent twice on this stream; the first admission still waits
+        host = self._host
+        fut = host.wait_for(turn_id)
+        self._waiting[turn_id] = (fut, time.perf_counter())
+        fut.add_done_callback(lambda f: self._resolved(turn_id, f))
+        host.apply(_admit_event(host, request))
+
+    def _resolved(self, turn_id: str, fut: asyncio.Future[e.Place]) -> None:
+        if fut.cancelled():
+            return
+        _, started = self._waiting.pop(turn_id, (fut, 0.0))
+        exc = fut.exception()
+        if exc is not None:
+            rejected = isinstance(exc, TurnRejected)
+            code = grpc.StatusCode.NOT_FOUND if rejected else grpc.StatusCode.INTERNAL
+            self._refuse(turn_id, code, str(exc))
+            return
+        self._host.metrics.admit_seconds.observe(time.perf_counter() - started)
+        self._out.put_nowait(pb.Placement(turn_id=turn_id, placed=_reply(fut.result())))
+
+    def _refuse(self, turn_id: str, code: grpc.StatusCode, message: str) -> None:
+        refusal = pb.Refusal(code=code.value[0], message=message)
+        self._out.put_nowait(pb.Placement(turn_id=turn_id, refused=refusal))
+
+    async def _write(self) -> None:
+        out = self._out
+        while True:
+            batch = pb.PlacementBatch()
+            item = await out.get()
+            await asyncio.sleep(0)  # let the placements of this loop iteration join
+            while item is not None:
+                batch.placements.append(item)
+                if out.empty():
+                    break
+                item = out.get_nowait()
+            if batch.placements:
+                await self._context.write(batch)
+            if item is None:
+                return
+
+    def close(self) -> None:
+        """The stream ended: withdraw the admissions still held, stop writing."""
+        waiting, self._waiting = self._waiting, {}
+        for turn_id, (fut, _) in waiting.items():
+            self._host.give_up(turn_id, fut)
+            fut.cancel()
+        self._writer.cancel()
+
+    async def drained(self) -> None:
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, RuntimeError):
+            await self._writer
+
+
+_MISSING = "turn_id, run_id and model are required"
+
+
 class SchedulerService(pb_grpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
@@ -150,24 +268,11 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.AdmitReply:
         started = time.perf_counter()
-        if not request.turn_id or not request.model or not (request.run_id or request.single_pass):
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "turn_id, run_id and model are required"
-            )
+        if _missing_fields(request):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _MISSING)
         host = self.host
         fut = host.wait_for(request.turn_id)
-        host.apply(
-            e.Admit(
-                at=host.now(),
-                turn_id=request.turn_id,
-                run_id=request.run_id,
-                model=request.model,
-                service_class=service_class(request.service_class),
-                caller=request.caller,
-                dataplane=request.dataplane_id,
-                single_pass=request.single_pass,
-            )
-        )
+        host.apply(_admit_event(host, request))
         try:
             place = await fut
         except TurnRejected as exc:
@@ -176,32 +281,22 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             host.give_up(request.turn_id, fut)
             raise
         host.metrics.admit_seconds.observe(time.perf_counter() - started)
-        return pb.AdmitReply(
-            turn_id=place.turn_id,
-            replica_id=place.replica_id,
-            replica_url=place.replica_url,
-            held_ms=place.held_s * 1000.0,
-        )
+        return _reply(place)
 
-    async def Report(
-        self, request_iterator: AsyncIterator[pb.TurnEvent], context: grpc.aio.ServicerContext
-    ) -> pb.ReportSummary:
+    async def Session(
+        self, request_iterator: AsyncIterator[pb.DataplaneBatch], context: grpc.aio.ServicerContext
+    ) -> None:
         host = self.host
         dataplane = dataplane_of(context)
+        session = _Session(host, context)
         host.apply(e.DataplaneConnected(at=host.now(), dataplane=dataplane))
-        count = 0
         try:
-            async for ev in request_iterator:
-                count += 1
-                event = turn_event(ev, host.now())
-                if event is None:
-                    continue
-                if isinstance(event, e.TurnFailed):
-                    host.metrics.failed_turn(host.state, event.turn_id)
-                host.apply(event)
+            async for batch in request_iterator:
+                session.receive(batch)
         finally:
+            session.close()
             host.apply(e.DataplaneDisconnected(at=host.now(), dataplane=dataplane))
-        return pb.ReportSummary(events=count)
+            await session.drained()
 
     async def Resync(
         self, request: pb.ResyncRequest, context: grpc.aio.ServicerContext
