@@ -44,7 +44,6 @@ class Admitter:
 
     async def _write(self) -> None:
         while (item := await self.items.get()) is not None:
-            await asyncio.sleep(0)
             batch = pb.DataplaneBatch(items=[item])
             while not self.items.empty() and (item := self.items.get_nowait()) is not None:
                 batch.items.append(item)

@@ -2,8 +2,9 @@
 
 Run: `.venv/bin/python -m bench.overhead [--rounds 5] [--requests 256]`.
 One simulated engine set to reply instantly (no prefill or decode time, 16-token streams), a
-scheduler, a dataplane, and the peers (sglang-router, the LiteLLM proxy) in front of the same
-engine. Arms alternate round by round, so drift on this noisy 2-core machine hits all alike;
+scheduler, a dataplane, a bare aiohttp pass-through (`bench.passthrough`: the floor for any
+Python hop on this machine), and the peers (sglang-router, the LiteLLM proxy) in front of the
+same engine. Arms alternate round by round, so drift on this noisy 2-core machine hits all alike;
 each arm's figure is the median over rounds of the per-round figure, with the spread
 (min..max over rounds) beside it. Clients keep their connections alive, as the OpenAI SDK does,
 and every connection is warmed before a measured phase starts.
@@ -208,6 +209,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "direct": (local.engine_url(0) + "/v1/chat/completions", []),
             "dataplane": (local.base_url + "/chat/completions", own),
         }
+        port = free_port()
+        floor = await _peer(
+            stack,
+            workdir,
+            "passthrough",
+            [sys.executable, "-m", "bench.passthrough"],
+            ["--port", str(port), "--upstream", local.engine_url(0)],
+            f"http://127.0.0.1:{port}/health",
+        )
+        arms["aiohttp-passthrough"] = (f"http://127.0.0.1:{port}/v1/chat/completions", [floor])
         if not args.no_peers:
             arms.update(await peers(stack, workdir, local.engine_url(0)))
         out: dict[str, Any] = {}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from luftpause.dataplane import wire
+import pytest
+
+from luftpause.dataplane import link, wire
 from luftpause.rpc import scheduler_pb2 as pb
 from tests.dataplane.conftest import Stack
 
@@ -55,6 +57,29 @@ async def test_events_queued_during_a_write_go_out_as_one_message(stack: Stack) 
     assert stack.scheduler.batches[-1] == 5
     ended = [e.run_id for e in stack.scheduler.events[before:]]
     assert ended == [f"run-{i}" for i in range(5)]
+
+
+async def test_started_and_first_token_ride_with_the_turns_finished_event(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        await stack.dp.link.wait_ready()
+        await stack.post(stack.chat())
+        turn_id = stack.scheduler.admits[-1].turn_id
+        await stack.turn_events(turn_id, 3)
+    assert stack.scheduler.batches[-1] == 3
+    assert stack.scheduler.events_of(turn_id) == ["started", "first_token", "finished"]
+
+
+async def test_a_lazy_event_is_sent_alone_after_the_flush_delay(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(link, "LAZY_FLUSH_SECONDS", 0.05)
+    async with asyncio.timeout(10):
+        await stack.dp.link.wait_ready()
+        stack.dp.link.report(wire.started("t-lazy", "run-lazy"))
+        await asyncio.sleep(0.01)
+        assert stack.scheduler.events_of("t-lazy") == []
+        await stack.turn_events("t-lazy", 1)
+    assert stack.scheduler.batches[-1] == 1
 
 
 async def test_resync_carries_turns_in_flight(stack: Stack) -> None:

@@ -48,6 +48,10 @@ RPC_TIMEOUT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 2.0
 # Items per Session message at most; a message stays far below gRPC's 4 MiB default limit.
 MAX_ITEMS_PER_WRITE = 512
+# How long an event that changes no decision may wait for company before it is sent alone.
+LAZY_FLUSH_SECONDS = 0.5
+_LAZY = frozenset({"started", "first_token"})
+_WAKE = pb.DataplaneItem()  # wakes the writer to send the lazy events; never sent itself
 
 # The channel's own reconnect backoff grows to minutes by default; hold it at our 1 s pace.
 _CHANNEL_OPTIONS = [
@@ -81,6 +85,8 @@ class SchedulerLink:
         self._queue: asyncio.Queue[pb.DataplaneItem | None] = asyncio.Queue()
         self._ready = asyncio.Event()
         self._waiting: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
+        self._lazy: list[pb.DataplaneItem] = []
+        self._lazy_timer: asyncio.TimerHandle | None = None
         self._closing = False
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
@@ -116,8 +122,25 @@ class SchedulerLink:
             await self._channel.close()
 
     def report(self, event: pb.TurnEvent) -> None:
-        """Queue an event for the Session stream; never blocks."""
-        self._queue.put_nowait(pb.DataplaneItem(event=event))
+        """Queue an event for the Session stream; never blocks.
+
+        `started` and `first_token` change no decision at the scheduler: they wait for the next
+        write (or `LAZY_FLUSH_SECONDS`) instead of costing a stream message each.
+        """
+        item = pb.DataplaneItem(event=event)
+        if event.WhichOneof("kind") in _LAZY:
+            self._lazy.append(item)
+            if self._lazy_timer is None:
+                self._lazy_timer = asyncio.get_running_loop().call_later(
+                    LAZY_FLUSH_SECONDS, self._flush_lazy
+                )
+            return
+        self._queue.put_nowait(item)
+
+    def _flush_lazy(self) -> None:
+        self._lazy_timer = None
+        if self._lazy:
+            self._queue.put_nowait(_WAKE)
 
     async def admit(self, request: pb.AdmitRequest) -> pb.AdmitReply:
         """Wait until the scheduler places the turn; hold through outages."""
@@ -204,12 +227,14 @@ class SchedulerLink:
     async def _pump(self, call: _SessionCall) -> None:
         queue = self._queue
         while True:
-            batch = pb.DataplaneBatch()
             item = await queue.get()
-            await asyncio.sleep(0)  # let the turns that are ready to run queue theirs too
-            # Whatever queued while the last write was in flight goes out as one message.
+            # Whatever queued while the last write was in flight goes out as one message, after
+            # the lazy events (each of those is older than its turn's next urgent one).
+            batch = pb.DataplaneBatch(items=self._lazy)
+            self._lazy = []
             while item is not None:
-                batch.items.append(item)
+                if item is not _WAKE:
+                    batch.items.append(item)
                 if queue.empty() or len(batch.items) >= MAX_ITEMS_PER_WRITE:
                     break
                 item = queue.get_nowait()
@@ -241,7 +266,8 @@ class SchedulerLink:
             fut.set_exception(SchedulerError(f"scheduler: {refused.message}"))
 
     def _drop_queued(self) -> int:
-        dropped = 0
+        dropped = len(self._lazy)
+        self._lazy = []
         while not self._queue.empty():
             if self._queue.get_nowait() is not None:
                 dropped += 1

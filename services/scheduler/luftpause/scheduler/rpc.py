@@ -233,7 +233,6 @@ class _Session:
         while True:
             batch = pb.PlacementBatch()
             item = await out.get()
-            await asyncio.sleep(0)  # let the placements of this loop iteration join
             while item is not None:
                 batch.placements.append(item)
                 if out.empty():
