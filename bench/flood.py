@@ -54,7 +54,19 @@ GPU_PROFILE = (
     "--decode-ms-per-seq",
     "0.3",
 )
-ARMS = ("router-cache_aware", "router-round_robin", "luftpause-free", "luftpause")
+ARMS = (
+    "router-cache_aware",
+    "router-round_robin",
+    "luftpause-free",
+    "luftpause-nopriority",
+    "luftpause",
+)
+# With --engine-priority (the simulated pool's default) every arm's engines order their queue by
+# the request's `priority`, lower first, as vLLM's priority policy and SGLang with
+# --schedule-low-priority-values-first do; requests without one are all equal (0), so the
+# routers' arms stay first come, first served. luftpause's endpoints send these numbers,
+# except in the luftpause-nopriority arm.
+ENGINE_PRIORITY = {"interactive": 0, "batch": 1}
 
 
 async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: list[str]) -> str:
@@ -137,6 +149,7 @@ async def start_engines(
                 "--max-running",
                 str(args.max_running),
                 *GPU_PROFILE,
+                *(("--priority-scheduling", "low-first") if args.engine_priority else ()),
                 *extra,
             ],
             f"http://127.0.0.1:{port}/health",
@@ -152,18 +165,25 @@ async def start_front(
     engines: list[str],
     model: str,
     probe_period: float,
+    *,
+    engine_priority: bool = False,
 ) -> str:
     """What the arm puts in front of `engines`: a router or scheduler + dataplane; its URL.
 
-    The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds.
+    The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds. With
+    `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY.
     """
     if arm.startswith("router-"):
         return await _router(exits, workdir, arm.split("-", 1)[1], engines)
+    priority = ""
+    if engine_priority and arm != "luftpause-nopriority":
+        numbers = ", ".join(f"{k}: {v}" for k, v in ENGINE_PRIORITY.items())
+        priority = f"    priority: {{{numbers}}}\n"
     config = workdir / f"{arm}.yaml"
     config.write_text(
         "endpoints:\n"
         + "".join(
-            f"  - id: e{i}\n    url: {url}\n    models: [{model}]\n"
+            f"  - id: e{i}\n    url: {url}\n    models: [{model}]\n{priority}"
             for i, url in enumerate(engines)
         )
     )
@@ -249,6 +269,7 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
         "context_chars": 8000,
         "tool_calls": 3,
         "max_tokens": 64,
+        "engine_priority": True,
     },
     "real": {
         "window_s": 240.0,
@@ -258,6 +279,7 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
         "context_chars": 3000,
         "tool_calls": 2,
         "max_tokens": 40,
+        "engine_priority": False,
     },
 }
 # What a base model needs to call tools (see testkit.loadgen and bench/real_pool.py).
@@ -280,7 +302,15 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             model, extra = SIM_MODEL, {}
             engines = await start_engines(exits, workdir, arm, args)
         # The probe period is 2 s of engine time: scaled like everything else simulated.
-        url = await start_front(exits, workdir, arm, engines, model, 2.0 / args.time_scale)
+        url = await start_front(
+            exits,
+            workdir,
+            arm,
+            engines,
+            model,
+            2.0 / args.time_scale,
+            engine_priority=args.engine_priority,
+        )
         wl = Workload(
             base_url=url + "/v1",
             model=model,
@@ -358,6 +388,12 @@ def main() -> None:
     p.add_argument("--tool-calls", type=int, help="tool calls per run at most (sim 3)")
     p.add_argument("--max-tokens", type=int, help="reply tokens per turn at most (sim 64)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--engine-priority",
+        action=argparse.BooleanOptionalAction,
+        help="engines order their queue by priority; luftpause sends it (sim yes; real: no, "
+        "llama.cpp has no priority queue)",
+    )
     p.add_argument("--out", help="result name under bench/results (flood, or flood_<pool>)")
     p.add_argument(
         "--append",
@@ -368,6 +404,8 @@ def main() -> None:
     for key, value in POOL_DEFAULTS[args.pool].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.pool == "real" and args.engine_priority:
+        p.error("--engine-priority: llama.cpp has no priority queue")
     name = args.out or ("flood" if args.pool == "sim" else f"flood_{args.pool}")
     earlier = _earlier(name, args) if args.append else None
     out = asyncio.run(main_async(args))

@@ -63,7 +63,15 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
             exits, workdir, name, args, "--tool-rounds", str(args.tool_calls)
         )
         # The probe period is 2 s of engine time: scaled like everything else simulated.
-        front = await start_front(exits, workdir, arm, engines, SIM_MODEL, 2.0 / args.time_scale)
+        front = await start_front(
+            exits,
+            workdir,
+            arm,
+            engines,
+            SIM_MODEL,
+            2.0 / args.time_scale,
+            engine_priority=args.engine_priority,
+        )
         rt = await start_runtime(
             exits, workdir, front, name=name, tool_seconds=1.0 / args.time_scale, model=SIM_MODEL
         )
@@ -162,6 +170,12 @@ def main() -> None:
     p.add_argument("--context-chars", type=int, default=8000)
     p.add_argument("--tool-calls", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--engine-priority",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engines order their queue by priority; luftpause sends it (see bench.flood)",
+    )
     args = p.parse_args()
     out = asyncio.run(main_async(args))
     path = write_result("flood_mcp", {"benchmark": "flood_mcp", "args": vars(args), **out})

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from luftpause.common.config import Config, ConfigError, load_config, parse_config
+from luftpause.common.config import Config, ConfigError, Priorities, load_config, parse_config
 
 
 def engine(eid: str, **extra: Any) -> dict[str, Any]:
@@ -112,3 +112,25 @@ def test_router_file_in_toml_loads_the_same_as_yaml(tmp_path: Any) -> None:
         "    load_from: [http://gpu-0:2, http://gpu-1:2]\n"
     )
     assert load_config(toml) == load_config(yaml)
+
+
+def test_priority_gives_the_number_each_class_carries_to_the_engine() -> None:
+    [e] = config(engine("a", priority={"interactive": 0, "batch": 10})).endpoints
+    assert e.priority == Priorities(interactive=0, batch=10)
+    [plain] = config(engine("b")).endpoints
+    assert plain.priority is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"interactive": 0},
+        {"interactive": 0, "batch": 1, "other": 2},
+        {"interactive": "high", "batch": 0},
+        {"interactive": True, "batch": 0},
+        [0, 1],
+    ],
+)
+def test_priority_needs_two_integers_one_per_class(value: Any) -> None:
+    with pytest.raises(ConfigError, match="priority"):
+        config(engine("a", priority=value))

@@ -1,11 +1,18 @@
-"""What crosses the proxy: body checks and the headers each way."""
+"""What crosses the proxy: body checks, the engine priority, and the headers each way."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from luftpause.dataplane.errors import BadRequest
-from luftpause.dataplane.forwarding import downstream_headers, parse_turn_body, upstream_headers
+from luftpause.dataplane.forwarding import (
+    downstream_headers,
+    parse_turn_body,
+    upstream_headers,
+    with_priority,
+)
 
 
 def test_body_gives_model_and_messages() -> None:
@@ -75,3 +82,24 @@ def test_engine_headers_come_back_with_the_run_id() -> None:
         ("x-ratelimit-remaining-tokens", "10"),
         ("x-luftpause-run-id", "run-1"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"model":"m","messages":[]}', {"priority": 3, "model": "m", "messages": []}),
+        (b'  {\n "model": "m"}', {"priority": 3, "model": "m"}),
+        (b"{}", {"priority": 3}),
+        (b"{ }", {"priority": 3}),
+        (b'{"model":"m","priority":-5}', {"model": "m", "priority": 3}),
+        (b'{"model":"m","messages":[{"content":"\\"priority\\""}]}', None),
+    ],
+)
+def test_priority_goes_into_the_body_and_replaces_the_clients(
+    body: bytes, expected: dict[str, object] | None
+) -> None:
+    out = json.loads(with_priority(body, 3))
+    if expected is None:
+        expected = {**json.loads(body), "priority": 3}
+    assert out == expected
+    assert out["priority"] == 3

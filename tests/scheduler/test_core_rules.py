@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from luftpause.common.config import EndpointKind
+from luftpause.common.config import Endpoint, EndpointKind, Priorities
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
     Admit,
+    Place,
     ProbeResult,
     Reject,
     Resync,
@@ -311,3 +312,24 @@ def test_without_affinity_a_paused_run_moves_off_its_full_replica() -> None:
         _, actions = admit(state, "t2", "r1")
         outcomes[affinity] = placed(actions)
     assert outcomes == {True: {}, False: {"t2": "b"}}
+
+
+def test_placement_carries_the_engine_priority_of_the_turns_class_where_configured() -> None:
+    prio = Endpoint(
+        id="p",
+        url="http://p:1",
+        models=frozenset({MODEL}),
+        priority=Priorities(interactive=0, batch=10),
+    )
+    state, _ = decide(initial_state([prio]), ProbeResult(at=0, replica_id="p", healthy=True))
+    state, first = admit(state, "t1", "r1")
+    state, second = admit(state, "t2", "r2", cls=BATCH)
+    _, again = admit(state, "t2", "r2", cls=BATCH)
+    places = [a for a in first + second + again if isinstance(a, Place)]
+    assert [(a.replica_id, a.engine_priority) for a in places] == [
+        ("p", 0),
+        ("p", 10),
+        ("p", 10),  # a retried admission carries it too
+    ]
+    _, plain = admit(pool("a"), "t3", "r3")
+    assert [a.engine_priority for a in plain if isinstance(a, Place)] == [None]

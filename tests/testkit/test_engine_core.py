@@ -232,3 +232,26 @@ def test_the_engine_never_overfills_the_pool_and_admits_in_arrival_order(
         if f"r{i}" not in aborted:
             assert emitted.get(f"r{i}", 0) == out
     assert core.cache.used == 0
+
+
+def test_priority_scheduling_admits_the_best_priority_first_then_the_oldest() -> None:
+    def order(priority_order: str) -> list[str]:
+        core = EngineCore(
+            EngineParams(
+                kv_tokens=64,
+                block_size=4,
+                max_running=1,
+                priority_order=priority_order,  # type: ignore[arg-type]
+            )
+        )
+        clock = Clock(core)
+        for rid, prio in (("first", 5), ("low", 1), ("high", 9), ("low-later", 1)):
+            tokens = prompt(len(rid), 3)
+            core.submit(
+                Submission(rid=rid, prompt=tokens, reserve=1, output_tokens=1, priority=prio)
+            )
+        return [a.rid for s in clock.drain() for a in s.admitted]
+
+    assert order("off") == ["first", "low", "high", "low-later"]
+    assert order("low-first") == ["low", "low-later", "first", "high"]
+    assert order("high-first") == ["high", "first", "low", "low-later"]

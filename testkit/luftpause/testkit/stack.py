@@ -24,6 +24,8 @@ class LocalStack:
     engine_args: tuple[str, ...] = ()
     engines: int = 2
     with_dataplane: bool = True
+    # The endpoints' `priority` (interactive, batch): the numbers sent to their engines.
+    priority: tuple[int, int] | None = None
     engine_ports: list[int] = field(default_factory=list)
     grpc_port: int = 0
     http_port: int = 0
@@ -41,6 +43,10 @@ class LocalStack:
                 f"    url: http://127.0.0.1:{port}",
                 f"    models: [{SIM_MODEL}]",
             ]
+            if self.priority is not None:
+                lines.append(
+                    f"    priority: {{interactive: {self.priority[0]}, batch: {self.priority[1]}}}"
+                )
             await self._spawn(
                 stack,
                 eid,

@@ -15,6 +15,15 @@ File format (YAML, or TOML by extension)::
         metrics: /metrics            # load path; "" when the endpoint reports no load
         api_key_env: ENGINE_A_KEY    # environment variable holding its API key (optional)
         load_from: [engine-x]        # a router: read its load from these (optional, see below)
+        priority: {interactive: 0, batch: 10}  # sent as the request's `priority` (optional)
+
+Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
+(`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
+request. With `priority` set, every turn placed on the endpoint carries the number given for
+its class, replacing any the client sent; the engine then serves a queued interactive turn
+before queued batch ones. Which end is first is the engine's convention (vLLM and SGLang with
+`--schedule-low-priority-values-first`: lower first; SGLang by default: higher first), so the
+file says the numbers, not an order. Without it no priority is sent.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from
@@ -63,6 +72,14 @@ class EndpointKind(StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Priorities:
+    """The `priority` value an endpoint's engine gets for a turn of each class."""
+
+    interactive: int
+    batch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Endpoint:
     """One replica of the pool (an engine, a router, or a hosted API)."""
 
@@ -74,6 +91,7 @@ class Endpoint:
     metrics: str = "/metrics"
     api_key_env: str = ""
     load_from: tuple[str, ...] = ()
+    priority: Priorities | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -176,6 +194,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "metrics",
         "api_key_env",
         "load_from",
+        "priority",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -192,7 +211,19 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         metrics=str(raw.get("metrics", "/metrics")),
         api_key_env=str(raw.get("api_key_env", "")),
         load_from=_str_list(raw.get("load_from", []), f"{where}.load_from"),
+        priority=_priorities(raw.get("priority"), f"{where}.priority"),
     )
+
+
+def _priorities(value: Any, where: str) -> Priorities | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) != {"interactive", "batch"}:
+        raise ConfigError(f"{where} must be a mapping with exactly 'interactive' and 'batch'")
+    numbers = {k: v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
+    if len(numbers) != 2:
+        raise ConfigError(f"{where}: 'interactive' and 'batch' must be integers")
+    return Priorities(interactive=numbers["interactive"], batch=numbers["batch"])
 
 
 def parse_config(raw: Any) -> Config:

@@ -88,6 +88,23 @@ def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
     return model, messages
 
 
+def with_priority(body: bytes, priority: int) -> bytes:
+    """`body` (a JSON object already checked by `parse_turn_body`) with `"priority": priority`.
+
+    The field goes in right after the opening brace, so the bytes need no re-encoding; only a
+    body that may carry the client's own `priority` is decoded and encoded again, so that ours
+    replaces it instead of following it as a duplicate key.
+    """
+    if b'"priority"' in body:
+        doc = json.loads(body)
+        doc["priority"] = priority
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    start = body.index(b"{") + 1
+    rest = body[start:].lstrip()
+    sep = b"" if rest.startswith(b"}") else b","
+    return b'{"priority":%d%s%s' % (priority, sep, rest)
+
+
 def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[str, str]:
     """The client's end-to-end headers minus its credentials and ours, plus the engine's key."""
     headers: dict[str, str] = {}

@@ -43,6 +43,7 @@ from luftpause.dataplane.forwarding import (
     is_event_stream,
     parse_turn_body,
     upstream_headers,
+    with_priority,
 )
 from luftpause.dataplane.identity import cut_caller, echoed_tool_call_ids, parse_service_class
 from luftpause.dataplane.middleware import json_error
@@ -117,6 +118,8 @@ async def _admit_and_proxy(
         return web.Response(status=499)
     url = reply.replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(reply.replica_id, ""))
+    if reply.HasField("engine_priority"):
+        body = with_priority(body, reply.engine_priority)
     turn.started()
     try:
         engine = await dp.transport.send(url, headers, body)

@@ -167,6 +167,7 @@ def _reply(place: e.Place) -> pb.AdmitReply:
         replica_id=place.replica_id,
         replica_url=place.replica_url,
         held_ms=place.held_s * 1000.0,
+        engine_priority=place.engine_priority,
     )
 
 

@@ -1,15 +1,17 @@
-"""The engine loop as a pure state machine: FIFO waiting queue, running batch, KV pool.
+"""The engine loop as a pure state machine: waiting queue, running batch, KV pool.
 
 Pure module: no I/O, no clock reads; the caller passes `now` (simulated milliseconds) and
 sleeps for the returned duration. Theory of operation, one `step(now)` per engine iteration:
 1. retire the requests that emitted their last token in the previous iteration (their reply
    blocks are published to the prefix cache, then everything they hold is released);
-2. admit from the head of the waiting queue, strictly FIFO, while the head's blocks fit
+2. admit from the head of the waiting queue while the head's blocks fit
    (prompt plus reserved reply tokens, less its cached prefix), the batch is under
    `max_running`, and the iteration's prefill stays under `max_prefill_tokens`;
 3. prefill the admitted requests' uncached tokens, then run one decode step in which every
    running request emits one token. The prefill stalls that decode step for the whole batch,
    as in an engine without chunked prefill.
+The head is the oldest request, or, with `priority_order` set, the oldest of the best
+`priority` (no preemption: a running request keeps its slot whatever arrives).
 The returned `Step` says what happened; its effects are visible at `now + duration_ms`.
 A request with `output_tokens == 0` is single-pass: prefill only, done after its iteration.
 """
@@ -36,6 +38,7 @@ class Submission:
     reserve: int
     output_tokens: int
     history: tuple[int, ...] = ()
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt:
@@ -208,12 +211,20 @@ class EngineCore:
             self.finished_total += 1
         self._done = []
 
+    def _head(self) -> tuple[str, tuple[Submission, list[int]]]:
+        order = self.params.priority_order
+        if order == "off":
+            return next(iter(self._waiting.items()))
+        sign = 1 if order == "low-first" else -1
+        # min() keeps the first of equals: the oldest, as the dict keeps arrival order.
+        return min(self._waiting.items(), key=lambda item: sign * item[1][0].priority)
+
     def _admit(self) -> list[Admitted]:
         p = self.params
         admitted: list[Admitted] = []
         prefill = 0
         while self._waiting and len(self._running) < p.max_running:
-            rid, (sub, keys) = next(iter(self._waiting.items()))
+            rid, (sub, keys) = self._head()
             n_prompt = len(sub.prompt)
             # Like vLLM, at least the last prompt token is computed even on a full hit.
             hits = min(self.cache.match(keys), (n_prompt - 1) // p.block_size)

@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode step cost per running sequence",
     )
     add(
+        "--priority-scheduling",
+        choices=("off", "low-first", "high-first"),
+        default=_E.priority_order,
+        help="order the waiting queue by the request's `priority` (vLLM: low-first)",
+    )
+    add(
         "--time-scale",
         type=float,
         default=_S.time_scale,
@@ -96,6 +102,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         prefill_ms_per_token=args.prefill_ms_per_token,
         decode_base_ms=args.decode_base_ms,
         decode_ms_per_seq=args.decode_ms_per_seq,
+        priority_order=args.priority_scheduling,
     )
     return SimParams(
         engine=engine,

@@ -15,6 +15,9 @@ CALIBRATED_DECODE_BASE_MS = 39.9
 CALIBRATED_DECODE_MS_PER_SEQ = 10.1
 
 Kind = Literal["generative", "single-pass"]
+# How the waiting queue is ordered: arrival only, or by the request's `priority` field (lower
+# values first, as vLLM's priority policy; or higher first, as SGLang's default), then arrival.
+PriorityOrder = Literal["off", "low-first", "high-first"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,8 +31,11 @@ class EngineParams:
     prefill_ms_per_token: float = CALIBRATED_PREFILL_MS_PER_TOKEN
     decode_base_ms: float = CALIBRATED_DECODE_BASE_MS
     decode_ms_per_seq: float = CALIBRATED_DECODE_MS_PER_SEQ
+    priority_order: PriorityOrder = "off"
 
     def __post_init__(self) -> None:
+        if self.priority_order not in ("off", "low-first", "high-first"):
+            raise ValueError("priority_order must be off, low-first or high-first")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.kv_tokens < self.block_size:

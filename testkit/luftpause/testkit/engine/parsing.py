@@ -75,6 +75,7 @@ class ChatRequest:
     tool_rounds: int
     top_logprobs: int | None
     fail: Failure | None = None
+    priority: int = 0
 
 
 def decode_body(raw: bytes) -> dict[str, Any]:
@@ -122,6 +123,9 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimPara
         if isinstance(raw_top, bool) or not isinstance(raw_top, int) or not 0 <= raw_top <= 20:
             raise HttpError(400, "top_logprobs must be an integer within 0..20.")
         top = raw_top
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise HttpError(400, "'priority' must be an integer.")
     options = body.get("stream_options") or {}
     return ChatRequest(
         body=body,
@@ -132,6 +136,7 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimPara
         tool_rounds=tool_rounds,
         top_logprobs=top,
         fail=parse_failure(headers.get(FAIL_HEADER)),
+        priority=priority,
     )
 
 

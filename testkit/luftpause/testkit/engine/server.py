@@ -118,7 +118,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise HttpError(404, "This engine is single-pass; use /classify.")
     sim.check_key(request)
     chat = parse_chat(decode_body(await request.read()), request.headers, sim.params)
-    entry.update(model=chat.model, stream=chat.stream)
+    entry.update(model=chat.model, stream=chat.stream, priority=chat.priority)
     if chat.fail is not None and chat.fail.status is not None:
         raise _injected(chat.fail.status)
     text = render_prompt(chat.body["messages"], chat.body.get("tools"))
@@ -137,6 +137,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         reserve=chat.max_tokens,
         output_tokens=len(reply.pieces),
         history=tuple(tokenize_continuation(text, prompt, reply.body + END)),
+        priority=chat.priority,
     )
     try:
         handle = sim.driver.submit(sub, stream=chat.stream)

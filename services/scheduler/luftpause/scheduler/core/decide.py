@@ -84,7 +84,9 @@ def initial_state(
     generative: dict[str, list[str]] = {}
     single: dict[str, list[str]] = {}
     for e in endpoints:
-        replicas[e.id] = Replica(id=e.id, url=e.base_url, models=e.models, kind=e.kind)
+        replicas[e.id] = Replica(
+            id=e.id, url=e.base_url, models=e.models, kind=e.kind, priority=e.priority
+        )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
             index.setdefault(m, []).append(e.id)
@@ -145,10 +147,8 @@ def decide(state: State, event: Event) -> Decision:
 def _admit(state: State, ev: Admit) -> Decision:
     placed = state.turns.get(ev.turn_id)
     if placed is not None:  # a retry of an admission that already went through
-        url = state.replicas[placed.replica].url
-        return state, (
-            Place(turn_id=ev.turn_id, replica_id=placed.replica, replica_url=url, held_s=0.0),
-        )
+        again = _place_action(ev.turn_id, state.replicas[placed.replica], placed.service_class, 0.0)
+        return state, (again,)
     if ev.turn_id in state.held:
         return state, ()
     if not serves(state, ev.model, ev.single_pass):
@@ -177,8 +177,20 @@ def _admit(state: State, ev: Admit) -> Decision:
     # placed after a step): placing it at once is what a drain would do.
     state, moved = _place(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
-    first = Place(turn_id=held.id, replica_id=replica.id, replica_url=replica.url, held_s=0.0)
+    first = _place_action(held.id, replica, held.service_class, 0.0)
     return state, (first, *more)
+
+
+def _place_action(
+    turn_id: str, replica: Replica, service_class: ServiceClass, held_s: float
+) -> Place:
+    return Place(
+        turn_id=turn_id,
+        replica_id=replica.id,
+        replica_url=replica.url,
+        held_s=held_s,
+        engine_priority=replica.engine_priority(service_class),
+    )
 
 
 def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
@@ -211,12 +223,7 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
             state, moved = _place(state, turn, replica, at)
             pending += [b for b in moved if b not in pending]
             actions.append(
-                Place(
-                    turn_id=turn.id,
-                    replica_id=replica.id,
-                    replica_url=replica.url,
-                    held_s=at - turn.arrived_at,
-                )
+                _place_action(turn.id, replica, turn.service_class, at - turn.arrived_at)
             )
     return state, tuple(actions)
 

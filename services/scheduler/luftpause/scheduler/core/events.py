@@ -163,6 +163,8 @@ class Place:
     replica_id: str
     replica_url: str
     held_s: float
+    # The request's `priority` for the replica's engine; None sends none.
+    engine_priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import immutables
 
-from luftpause.common.config import EndpointKind
+from luftpause.common.config import EndpointKind, Priorities
 
 TURN_TIMEOUT_S = 600.0
 """A placed turn whose end is never reported is dropped after this (dataplane died mid-turn)."""
@@ -134,6 +134,8 @@ class Replica:
     paused_interactive: int = 0
     # Turn cap from the engine's load: see `next_cap`.
     cap: int | None = None
+    # The `priority` its engine gets per class (endpoint `priority`); None sends none.
+    priority: Priorities | None = None
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -143,6 +145,14 @@ class Replica:
     @property
     def capacity(self) -> int | None:
         return self.cap
+
+    def engine_priority(self, service_class: ServiceClass) -> int | None:
+        """The `priority` a turn of `service_class` carries to this replica's engine."""
+        if self.priority is None:
+            return None
+        if service_class is ServiceClass.BATCH:
+            return self.priority.batch
+        return self.priority.interactive
 
 
 @dataclass(frozen=True, kw_only=True)

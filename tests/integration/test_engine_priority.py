@@ -1,0 +1,117 @@
+"""Engine-side priority end to end: the openai client -> dataplane -> scheduler -> engine.
+
+The endpoint file gives the engine's `priority` per class; every turn placed there carries its
+class's number in the body, replacing any the client sent, and the simulated engine (set to
+order its queue by priority, lower first, as vLLM does) serves a queued interactive turn before
+the batch turns queued ahead of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from openai import AsyncOpenAI
+
+from luftpause.testkit.stack import SIM_MODEL, LocalStack
+
+# One engine that runs one request at a time, slowly enough that later ones queue in it.
+ENGINE_ARGS = (
+    "--time-scale",
+    "10",
+    "--max-running",
+    "1",
+    "--reply-tokens",
+    "40",
+    "--tool-rounds",
+    "0",
+    "--priority-scheduling",
+    "low-first",
+)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalStack]:
+    workdir: Path = tmp_path_factory.mktemp("priority")
+    async with AsyncExitStack() as exits:
+        local = LocalStack(workdir, engine_args=ENGINE_ARGS, engines=1, priority=(0, 10))
+        await local.start(exits)
+        await local.wait_healthy()
+        yield local
+
+
+def client(stack: LocalStack, cls: str) -> AsyncOpenAI:
+    return AsyncOpenAI(
+        base_url=stack.base_url,
+        api_key="x",
+        max_retries=0,
+        timeout=60,
+        default_headers={"x-luftpause-class": cls},
+    )
+
+
+async def engine_requests(stack: LocalStack) -> list[dict[str, Any]]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(stack.engine_url(0) + "/debug/requests") as resp,
+    ):
+        body: dict[str, list[dict[str, Any]]] = await resp.json()
+    return [r for r in body["requests"] if r.get("path") == "/v1/chat/completions"]
+
+
+async def reset(stack: LocalStack) -> None:
+    async with aiohttp.ClientSession() as s, s.post(stack.engine_url(0) + "/debug/reset"):
+        pass
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_each_class_carries_its_number_and_the_clients_own_is_replaced(
+    stack: LocalStack,
+) -> None:
+    await reset(stack)
+    messages: Any = [{"role": "user", "content": "hello"}]
+    async with (
+        asyncio.timeout(60),
+        client(stack, "interactive") as interactive,
+        client(stack, "batch") as batch,
+    ):
+        await interactive.chat.completions.create(
+            model=SIM_MODEL, messages=messages, max_tokens=4, extra_body={"priority": 99}
+        )
+        await batch.chat.completions.create(
+            model=SIM_MODEL, messages=messages, max_tokens=4, extra_body={"priority": -99}
+        )
+    assert [r["priority"] for r in await engine_requests(stack)] == [0, 10]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_engine_serves_a_queued_interactive_turn_before_earlier_batch_turns(
+    stack: LocalStack,
+) -> None:
+    await reset(stack)
+    messages: Any = [{"role": "user", "content": "work"}]
+    done: list[str] = []
+
+    async def turn(cls: str, name: str) -> None:
+        async with client(stack, cls) as c:
+            await c.chat.completions.create(model=SIM_MODEL, messages=messages, max_tokens=40)
+        done.append(name)
+
+    async with asyncio.timeout(60):
+        # The engine reports no queue until it has one, so the scheduler lets all of them
+        # through; the engine's own queue decides the order.
+        first = asyncio.create_task(turn("batch", "batch-0"))
+        while not await engine_requests(stack):
+            await asyncio.sleep(0.01)
+        batch = [asyncio.create_task(turn("batch", f"batch-{i}")) for i in (1, 2, 3)]
+        while len(await engine_requests(stack)) < 4:
+            await asyncio.sleep(0.01)
+        interactive = asyncio.create_task(turn("interactive", "interactive"))
+        await asyncio.gather(first, interactive, *batch)
+    assert done.index("interactive") <= 1, done
