@@ -376,7 +376,12 @@ def _earlier(name: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--pool", choices=sorted(POOL_DEFAULTS), default="sim")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument(
+        "--arms",
+        nargs="+",
+        choices=ARMS,
+        help="default: all (but the no-priority ablation where engines have no priority queue)",
+    )
     p.add_argument("--window-s", type=float, help="real seconds per arm (sim 60, real 240)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--time-scale", type=float, help="simulated time per real second (sim 4)")
@@ -406,6 +411,8 @@ def main() -> None:
             setattr(args, key, value)
     if args.pool == "real" and args.engine_priority:
         p.error("--engine-priority: llama.cpp has no priority queue")
+    if args.arms is None:
+        args.arms = [a for a in ARMS if args.engine_priority or a != "luftpause-nopriority"]
     name = args.out or ("flood" if args.pool == "sim" else f"flood_{args.pool}")
     earlier = _earlier(name, args) if args.append else None
     out = asyncio.run(main_async(args))
