@@ -183,7 +183,7 @@ class _Session:
         self._host = host
         self._context = context
         self._waiting: dict[str, tuple[asyncio.Future[e.Place], float]] = {}
-        self._out: asyncio.Queue[pb.Placement | None] = asyncio.Queue()
+        self._out: asyncio.Queue[pb.Placement] = asyncio.Queue()
         self._writer = asyncio.create_task(self._write())
 
     def receive(self, batch: pb.DataplaneBatch) -> None:
@@ -232,17 +232,10 @@ class _Session:
     async def _write(self) -> None:
         out = self._out
         while True:
-            batch = pb.PlacementBatch()
-            item = await out.get()
-            while item is not None:
-                batch.placements.append(item)
-                if out.empty():
-                    break
-                item = out.get_nowait()
-            if batch.placements:
-                await self._context.write(batch)
-            if item is None:
-                return
+            batch = pb.PlacementBatch(placements=[await out.get()])
+            while not out.empty():
+                batch.placements.append(out.get_nowait())
+            await self._context.write(batch)
 
     def close(self) -> None:
         """The stream ended: withdraw the admissions still held, stop writing."""
