@@ -14,7 +14,10 @@ Arms:
 - sglang-router, cache_aware (pip install sglang-router), the class-blind router people use;
 - sglang-router, round_robin;
 - luftpause with runs free to move (`scheduler --no-affinity`, an ablation);
+- luftpause without engine priority (an ablation; only where the engines have a priority queue);
 - luftpause (strict run affinity, the default).
+
+The arms' processes are started by bench.arms.
 
 Both engines' running and waiting requests are sampled every 0.25 s during each window.
 Writes bench/results/flood.json (or flood_<pool>.json, or --out) and prints a Markdown table
@@ -28,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import statistics
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -37,184 +39,12 @@ from typing import Any
 
 import aiohttp
 
+from bench.arms import ARMS, start_engines, start_front
 from bench.common import RESULTS, write_result
 from bench.report import flood_table as table
 from luftpause.scheduler.prober import parse_load
 from luftpause.testkit.loadgen import Workload, run_workload
-from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL
-
-# A GPU-class engine (the seed's test bed was SGLang with a 1B model on a laptop GPU), not the
-# CPU llama.cpp calibration: with CPU speeds this workload never finishes a run in a window.
-GPU_PROFILE = (
-    "--prefill-ms-per-token",
-    "0.1",
-    "--decode-base-ms",
-    "15",
-    "--decode-ms-per-seq",
-    "0.3",
-)
-ARMS = (
-    "router-cache_aware",
-    "router-round_robin",
-    "luftpause-free",
-    "luftpause-nopriority",
-    "luftpause",
-)
-# With --engine-priority (the simulated pool's default) every arm's engines order their queue by
-# the request's `priority`, lower first, as vLLM's priority policy and SGLang with
-# --schedule-low-priority-values-first do; requests without one are all equal (0), so the
-# routers' arms stay first come, first served. luftpause's endpoints send these numbers,
-# except in the luftpause-nopriority arm.
-ENGINE_PRIORITY = {"interactive": 0, "batch": 1}
-
-
-async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: list[str]) -> str:
-    port = free_port()
-    log = open(workdir / f"router-{policy}.log", "ab")  # noqa: SIM115
-    exits.callback(log.close)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sglang_router.launch_router",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--prometheus-port",
-        str(free_port()),
-        "--policy",
-        policy,
-        "--worker-urls",
-        *engines,
-        "--log-level",
-        "warn",
-        stdout=log,
-        stderr=log,
-        stdin=asyncio.subprocess.DEVNULL,
-    )
-
-    async def stop() -> None:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-    exits.push_async_callback(stop)
-    url = f"http://127.0.0.1:{port}"
-    async with aiohttp.ClientSession() as s, asyncio.timeout(60):
-        while True:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with s.get(url + "/v1/models") as resp:
-                    if resp.status == 200:
-                        return url
-            await asyncio.sleep(0.2)
-
-
-async def _spawn(
-    exits: AsyncExitStack, workdir: Path, name: str, args: list[str], ready: str
-) -> None:
-    proc = await Proc(args, name=name, log_path=workdir / f"{name}.log").start()
-    exits.push_async_callback(proc.stop)
-    await proc.wait_http(ready, timeout=60)
-
-
-async def start_engines(
-    exits: AsyncExitStack, workdir: Path, name: str, args: argparse.Namespace, *extra: str
-) -> list[str]:
-    """Two fresh engine simulators with the benchmark's profile; their base URLs."""
-    engines = []
-    for i in range(2):
-        port = free_port()
-        await _spawn(
-            exits,
-            workdir,
-            f"{name}-e{i}",
-            [
-                "fake-engine",
-                "--port",
-                str(port),
-                "--id",
-                f"e{i}",
-                "--model",
-                SIM_MODEL,
-                "--time-scale",
-                str(args.time_scale),
-                "--kv-tokens",
-                str(args.kv_tokens),
-                "--max-running",
-                str(args.max_running),
-                *GPU_PROFILE,
-                *(("--priority-scheduling", "low-first") if args.engine_priority else ()),
-                *extra,
-            ],
-            f"http://127.0.0.1:{port}/health",
-        )
-        engines.append(f"http://127.0.0.1:{port}")
-    return engines
-
-
-async def start_front(
-    exits: AsyncExitStack,
-    workdir: Path,
-    arm: str,
-    engines: list[str],
-    model: str,
-    probe_period: float,
-    *,
-    engine_priority: bool = False,
-) -> str:
-    """What the arm puts in front of `engines`: a router or scheduler + dataplane; its URL.
-
-    The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds. With
-    `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY.
-    """
-    if arm.startswith("router-"):
-        return await _router(exits, workdir, arm.split("-", 1)[1], engines)
-    priority = ""
-    if engine_priority and arm != "luftpause-nopriority":
-        numbers = ", ".join(f"{k}: {v}" for k, v in ENGINE_PRIORITY.items())
-        priority = f"    priority: {{{numbers}}}\n"
-    config = workdir / f"{arm}.yaml"
-    config.write_text(
-        "endpoints:\n"
-        + "".join(
-            f"  - id: e{i}\n    url: {url}\n    models: [{model}]\n{priority}"
-            for i, url in enumerate(engines)
-        )
-    )
-    grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
-    extra = ["--probe-period", str(probe_period)]
-    extra += ["--no-affinity"] if arm == "luftpause-free" else []
-    await _spawn(
-        exits,
-        workdir,
-        f"{arm}-scheduler",
-        [
-            "scheduler",
-            "--config",
-            str(config),
-            "--grpc-port",
-            str(grpc_port),
-            "--http-port",
-            str(http_port),
-            *extra,
-        ],
-        f"http://127.0.0.1:{http_port}/health",
-    )
-    await _spawn(
-        exits,
-        workdir,
-        f"{arm}-dataplane",
-        ["dataplane", "--port", str(dp_port), "--scheduler", f"127.0.0.1:{grpc_port}"],
-        f"http://127.0.0.1:{dp_port}/health",
-    )
-    await asyncio.sleep(probe_period + 0.5)  # one probe period, so the scheduler saw the engines
-    return f"http://127.0.0.1:{dp_port}"
 
 
 async def sample_load(engines: list[str], period: float, out: dict[str, list[int]]) -> None:

@@ -3,7 +3,7 @@ the runtime between the load and the front.
 
 Run: `.venv/bin/python -m bench.flood_mcp [--window-s 60] [--repeats 2] [--time-scale 4]`.
 Per arm and repeat, all fresh: two engine simulators (bench.flood's GPU-class profile, each run
-scripted to make `--tool-calls` tool calls), the arm's front (bench.flood.start_front), fake-mcp
+scripted to make `--tool-calls` tool calls), the arm's front (bench.arms.start_front), fake-mcp
 with `lookup` taking 1 s of simulated time, and a runtime whose dataplane is that front. Against
 an sglang-router arm that is "the runtime straight to the router" (the router ignores the
 run/class/caller headers). The load (`luftpause.testkit.mcp_loadgen`): 48 batch and 4
@@ -30,8 +30,9 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from bench.arms import ARMS, start_engines, start_front
 from bench.common import write_result
-from bench.flood import ARMS, _scale, engine_load, start_engines, start_front
+from bench.flood import _scale, engine_load
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
 from luftpause.testkit.stack import SIM_MODEL, start_runtime
 

@@ -4,7 +4,7 @@ held turns withdrawn or dropped with their stream, the dataplane each names."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -73,6 +73,26 @@ def event_item(**kwargs: object) -> pb.DataplaneItem:
     return pb.DataplaneItem(event=pb.TurnEvent(**kwargs))  # type: ignore[arg-type]
 
 
+def session(stub: pb_grpc.SchedulerStub) -> Any:
+    """A Session stream of dataplane dp-7."""
+    return stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+
+
+async def send(call: Any, *items: pb.DataplaneItem) -> None:
+    await call.write(pb.DataplaneBatch(items=items))
+
+
+async def until(predicate: Callable[[], bool]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+async def ended(call: Any) -> None:
+    """Close the writing side; the scheduler ends the stream with nothing more to say."""
+    await call.done_writing()
+    assert [batch async for batch in call] == []
+
+
 async def placements(call: Any, count: int) -> dict[str, pb.Placement]:
     got: dict[str, pb.Placement] = {}
     while len(got) < count:
@@ -85,16 +105,12 @@ async def test_session_marks_its_dataplane_connected_then_gone(
     served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
 ) -> None:
     host, stub = served
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    call = session(stub)
     async with asyncio.timeout(5):
-        await call.write(
-            pb.DataplaneBatch(items=[event_item(turn_id="x", run_id="r", started=pb.TurnStarted())])
-        )
-        while "dp-7" not in host.state.dataplanes:
-            await asyncio.sleep(0.01)
+        await send(call, event_item(turn_id="x", run_id="r", started=pb.TurnStarted()))
+        await until(lambda: "dp-7" in host.state.dataplanes)
         assert host.state.dataplanes["dp-7"].streams == 1
-        await call.done_writing()
-        assert [batch async for batch in call] == []
+        await ended(call)
     link = host.state.dataplanes["dp-7"]
     assert link.streams == 0 and link.gone_since is not None
 
@@ -103,12 +119,10 @@ async def test_session_places_refuses_and_rejects_admissions_sent_in_one_message
     served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
 ) -> None:
     _, stub = served
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    call = session(stub)
     bad = pb.DataplaneItem(admit=pb.AdmitRequest(turn_id="t3", model="llm"))
     async with asyncio.timeout(5):
-        await call.write(
-            pb.DataplaneBatch(items=[admit_item("t1"), admit_item("t2", model="nope"), bad])
-        )
+        await send(call, admit_item("t1"), admit_item("t2", model="nope"), bad)
         got = await placements(call, 3)
         await call.done_writing()
     assert got["t1"].placed.replica_id == "gen" and got["t1"].placed.replica_url == "http://gen:1"
@@ -122,18 +136,13 @@ async def test_held_admission_is_withdrawn_by_its_abandoned_event(
 ) -> None:
     host, stub = served
     host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=False))
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    call = session(stub)
     async with asyncio.timeout(5):
-        await call.write(pb.DataplaneBatch(items=[admit_item("t1")]))
-        while "t1" not in host.state.held:
-            await asyncio.sleep(0.01)
-        await call.write(
-            pb.DataplaneBatch(items=[event_item(turn_id="t1", abandoned=pb.TurnAbandoned())])
-        )
-        while "t1" in host.state.held:
-            await asyncio.sleep(0.01)
-        await call.done_writing()
-        assert [batch async for batch in call] == []
+        await send(call, admit_item("t1"))
+        await until(lambda: "t1" in host.state.held)
+        await send(call, event_item(turn_id="t1", abandoned=pb.TurnAbandoned()))
+        await until(lambda: "t1" not in host.state.held)
+        await ended(call)
 
 
 async def test_held_admissions_are_dropped_when_their_session_ends(
@@ -141,14 +150,12 @@ async def test_held_admissions_are_dropped_when_their_session_ends(
 ) -> None:
     host, stub = served
     host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=False))
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    call = session(stub)
     async with asyncio.timeout(5):
-        await call.write(pb.DataplaneBatch(items=[admit_item("t1"), admit_item("t2", run="r2")]))
-        while len(host.state.held) < 2:
-            await asyncio.sleep(0.01)
+        await send(call, admit_item("t1"), admit_item("t2", run="r2"))
+        await until(lambda: len(host.state.held) == 2)
         call.cancel()
-        while host.state.held:
-            await asyncio.sleep(0.01)
+        await until(lambda: not host.state.held)
     host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=True))
     assert not host.state.turns
 
@@ -158,18 +165,19 @@ async def test_an_admission_sent_again_on_a_new_session_is_placed_there(
 ) -> None:
     host, stub = served
     host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=False))
-    old = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
-    new = stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    old = session(stub)
+    new = session(stub)
     async with asyncio.timeout(5):
-        await old.write(pb.DataplaneBatch(items=[admit_item("t1")]))
-        await new.write(pb.DataplaneBatch(items=[admit_item("t1")]))
-        while (
-            host.state.dataplanes.get("dp-7") is None or host.state.dataplanes["dp-7"].streams < 2
-        ):
-            await asyncio.sleep(0.01)
+        await send(old, admit_item("t1"))
+        await send(new, admit_item("t1"))
+
+        def streams() -> int:
+            link = host.state.dataplanes.get("dp-7")
+            return 0 if link is None else link.streams
+
+        await until(lambda: streams() == 2)
         old.cancel()  # the old stream's end must not withdraw the turn the new one waits for
-        while host.state.dataplanes["dp-7"].streams > 1:
-            await asyncio.sleep(0.01)
+        await until(lambda: streams() == 1)
         assert "t1" in host.state.held
         host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=True))
         got = await placements(new, 1)
