@@ -5,6 +5,7 @@ No event loop: steps are driven by hand with simulated time.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -255,3 +256,139 @@ def test_priority_scheduling_admits_the_best_priority_first_then_the_oldest() ->
     assert order("off") == ["first", "low", "high", "low-later"]
     assert order("low-first") == ["low", "low-later", "first", "high"]
     assert order("high-first") == ["high", "first", "low", "low-later"]
+
+
+def _preempting(**kw: object) -> EngineCore:
+    base: dict[str, object] = dict(
+        kv_tokens=256,
+        block_size=4,
+        max_running=2,
+        prefill_ms_per_token=1.0,
+        decode_base_ms=10.0,
+        decode_ms_per_seq=2.0,
+        priority_order="low-first",
+        preempt_threshold=10,
+    )
+    return EngineCore(EngineParams(**{**base, **kw}))  # type: ignore[arg-type]
+
+
+def _long(rid: str, tag: int, priority: int, out: int = 20) -> Submission:
+    tokens = prompt(tag, 16)
+    return Submission(
+        rid=rid,
+        prompt=tokens,
+        reserve=out,
+        output_tokens=out,
+        history=tokens + prompt(tag + 50, out),
+        priority=priority,
+    )
+
+
+def test_a_waiting_request_preempts_the_latest_worse_one_which_resumes_from_its_cache() -> None:
+    core = _preempting()
+    clock = Clock(core)
+    core.submit(_long("b1", 1, 100))
+    core.submit(_long("b2", 2, 100))
+    for _ in range(5):
+        clock.step()
+    core.submit(_long("i", 3, 0, out=3))
+    step = clock.step()
+    assert step is not None and [a.rid for a in step.admitted] == ["i"]
+    assert "b2" not in step.emitted and "b1" in step.emitted  # the later batch turn gave way
+    assert core.stats().preempted_total == 1 and core.stats().waiting == 1
+    emitted: dict[str, int] = {}
+    resumed_prefill = None
+    for s in clock.drain():
+        for rid in s.emitted:
+            emitted[rid] = emitted.get(rid, 0) + 1
+        if "b2" in s.emitted and resumed_prefill is None:
+            resumed_prefill = s.prefill_tokens
+    # b2 made 5 tokens before; it makes the other 15 after, re-prefilling one partial block.
+    assert emitted["b2"] == 15 and emitted["i"] == 2
+    assert resumed_prefill is not None and 0 < resumed_prefill < 4
+    assert core.idle and core.cache.used == 0
+    assert core.stats().admitted_total == 3  # the resumption is not a new admission
+
+
+def test_no_preemption_within_the_threshold_or_without_it() -> None:
+    for core in (_preempting(), _preempting(preempt_threshold=None)):
+        clock = Clock(core)
+        core.submit(_long("b1", 1, 5))
+        core.submit(_long("b2", 2, 5))
+        clock.step()
+        core.submit(_long("i", 3, 0, out=3))  # better by 5: not by more than 10
+        step = clock.step()
+        assert step is not None and not step.admitted
+        assert core.stats().preempted_total == 0 and core.stats().waiting == 1
+    with pytest.raises(ValueError, match="priority order"):
+        EngineParams(preempt_threshold=10)
+    with pytest.raises(ValueError, match=">= 0"):
+        EngineParams(priority_order="low-first", preempt_threshold=-1)
+
+
+def test_high_first_preempts_the_lowest_number_and_only_as_many_as_the_blocks_need() -> None:
+    # Each long request holds 9 blocks (16 + 20 tokens); the pool has 20: one victim suffices.
+    core = _preempting(kv_tokens=80, max_running=4, priority_order="high-first")
+    clock = Clock(core)
+    core.submit(_long("low", 1, 0))
+    core.submit(_long("mid", 2, 50))
+    clock.step()
+    core.submit(_long("urgent", 3, 100, out=3))
+    step = clock.step()
+    assert step is not None and [a.rid for a in step.admitted] == ["urgent"]
+    assert "low" not in step.emitted and "mid" in step.emitted
+    assert core.stats().preempted_total == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    reqs=st.lists(
+        st.tuples(
+            st.integers(0, 3), st.integers(1, 30), st.integers(0, 8), st.sampled_from([0, 50])
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    arrive=st.lists(st.integers(0, 12), min_size=12, max_size=12),
+)
+def test_preemption_keeps_the_pool_whole_and_every_request_emits_exactly_its_tokens(
+    reqs: list[tuple[int, int, int, int]], arrive: list[int]
+) -> None:
+    core = EngineCore(
+        EngineParams(
+            kv_tokens=96,
+            block_size=4,
+            max_running=3,
+            priority_order="low-first",
+            preempt_threshold=10,
+        )
+    )
+    clock = Clock(core)
+    emitted: dict[str, int] = {}
+    pending = sorted(range(len(reqs)), key=lambda i: arrive[i])
+    for n_step in range(10_000):
+        while pending and arrive[pending[0]] <= n_step:
+            i = pending.pop(0)
+            tag, n, out, prio = reqs[i]
+            tokens = prompt(tag, n)
+            core.submit(
+                Submission(
+                    rid=f"r{i}",
+                    prompt=tokens,
+                    reserve=out,
+                    output_tokens=out,
+                    history=tokens + prompt(tag + 10, out),
+                    priority=prio,
+                )
+            )
+        step = clock.step()
+        cache = core.cache
+        assert cache.free + cache.private + cache.cached == cache.total
+        assert core.stats().running <= 3
+        if step is None and not pending:
+            break
+        for rid in step.emitted if step else ():
+            emitted[rid] = emitted.get(rid, 0) + 1
+    assert core.idle and core.cache.used == 0
+    for i, (_, _, out, _) in enumerate(reqs):
+        assert emitted.get(f"r{i}", 0) == out

@@ -11,7 +11,13 @@ sleeps for the returned duration. Theory of operation, one `step(now)` per engin
    running request emits one token. The prefill stalls that decode step for the whole batch,
    as in an engine without chunked prefill.
 The head is the oldest request, or, with `priority_order` set, the oldest of the best
-`priority` (no preemption: a running request keeps its slot whatever arrives).
+`priority`. With `preempt_threshold` set too, a head that cannot start (the batch is full or its
+blocks do not fit) preempts running requests whose priority is worse than its own by more than
+the threshold, as SGLang with `--enable-priority-scheduling` does: the worst first, the latest
+admitted of equals first, and only when enough of them free the slot and blocks it needs. A
+preempted request leaves what it computed (prompt and reply so far) in the prefix cache and
+goes back to the tail of the waiting queue; when it starts again it re-prefills only what was
+evicted meanwhile, and goes on emitting from where it stopped.
 The returned `Step` says what happened; its effects are visible at `now + duration_ms`.
 A request with `output_tokens == 0` is single-pass: prefill only, done after its iteration.
 """
@@ -84,6 +90,7 @@ class EngineStats:
     generation_tokens_total: int
     finished_total: int
     aborted_total: int
+    preempted_total: int = 0
 
     @property
     def token_usage(self) -> float:
@@ -99,11 +106,22 @@ class EngineStats:
 class _Running:
     __slots__ = ("generated", "keys", "private", "sub")
 
-    def __init__(self, sub: Submission, keys: list[int], private: int) -> None:
+    def __init__(self, sub: Submission, keys: list[int], private: int, generated: int) -> None:
         self.sub = sub
         self.keys = keys
         self.private = private
-        self.generated = 0
+        self.generated = generated
+
+
+class _Waiting:
+    """A queued request: its prefix keys, and the reply tokens it made before a preemption."""
+
+    __slots__ = ("generated", "keys", "sub")
+
+    def __init__(self, sub: Submission, keys: list[int], generated: int = 0) -> None:
+        self.sub = sub
+        self.keys = keys
+        self.generated = generated
 
 
 class EngineCore:
@@ -112,7 +130,7 @@ class EngineCore:
     def __init__(self, params: EngineParams) -> None:
         self.params = params
         self.cache = PrefixCache(params.total_blocks)
-        self._waiting: dict[str, tuple[Submission, list[int]]] = {}
+        self._waiting: dict[str, _Waiting] = {}
         self._running: dict[str, _Running] = {}
         self._done: list[str] = []
         self._last_end = float("-inf")
@@ -121,6 +139,7 @@ class EngineCore:
     def reset_counters(self) -> None:
         self.admitted_total = self.prompt_tokens_total = self.cached_tokens_total = 0
         self.generation_tokens_total = self.finished_total = self.aborted_total = 0
+        self.preempted_total = 0
 
     @property
     def idle(self) -> bool:
@@ -132,7 +151,7 @@ class EngineCore:
             raise RequestTooLarge(f"{len(sub.prompt)} + {sub.reserve} tokens exceed the KV pool")
         if sub.rid in self._waiting or sub.rid in self._running:
             raise ValueError(f"duplicate request id {sub.rid}")
-        self._waiting[sub.rid] = (sub, block_hashes(sub.prompt, self.params.block_size))
+        self._waiting[sub.rid] = _Waiting(sub, block_hashes(sub.prompt, self.params.block_size))
 
     def abort(self, rid: str) -> bool:
         """Drop a waiting or running request; True when it had not finished yet."""
@@ -154,8 +173,7 @@ class EngineCore:
         if now < self._last_end:
             raise ValueError("step started before the previous one ended")
         self._retire()
-        admitted = self._admit()
-        prefill = sum(a.prompt_tokens - a.cached_tokens for a in admitted)
+        admitted, prefill = self._admit()
         emitted: list[str] = []
         finished: list[str] = []
         for rid, run in self._running.items():
@@ -195,54 +213,108 @@ class EngineCore:
             generation_tokens_total=self.generation_tokens_total,
             finished_total=self.finished_total,
             aborted_total=self.aborted_total,
+            preempted_total=self.preempted_total,
         )
 
     def _retire(self) -> None:
-        block = self.params.block_size
         for rid in self._done:
             run = self._running.pop(rid, None)
             if run is None:
                 continue
-            hist = block_hashes(run.sub.history, block) if run.sub.history else []
-            computed = (len(run.sub.prompt) + run.generated) // block
-            extra = hist[len(run.keys) : min(len(hist), computed)]
-            self.cache.publish(extra)
-            self.cache.release(run.keys + extra, run.private - len(extra))
+            self._leave(run)
             self.finished_total += 1
         self._done = []
 
-    def _head(self) -> tuple[str, tuple[Submission, list[int]]]:
+    def _computed_keys(self, run: _Running) -> list[int]:
+        """Keys of the full blocks `run` has computed: its prompt and its reply so far."""
+        sub = run.sub
+        if not sub.history:
+            return run.keys
+        hist = block_hashes(sub.history, self.params.block_size)
+        computed = (len(sub.prompt) + run.generated) // self.params.block_size
+        return run.keys + hist[len(run.keys) : min(len(hist), computed)]
+
+    def _leave(self, run: _Running) -> list[int]:
+        """Publish what `run` computed, release all it holds; returns its computed keys."""
+        keys = self._computed_keys(run)
+        extra = keys[len(run.keys) :]
+        self.cache.publish(extra)
+        self.cache.release(keys, run.private - len(extra))
+        return keys
+
+    def _head(self) -> tuple[str, _Waiting]:
         order = self.params.priority_order
         if order == "off":
             return next(iter(self._waiting.items()))
         sign = 1 if order == "low-first" else -1
         # min() keeps the first of equals: the oldest, as the dict keeps arrival order.
-        return min(self._waiting.items(), key=lambda item: sign * item[1][0].priority)
+        return min(self._waiting.items(), key=lambda item: sign * item[1].sub.priority)
 
-    def _admit(self) -> list[Admitted]:
+    def _admit(self) -> tuple[list[Admitted], int]:
+        """Start what fits from the head of the queue; returns the new starts and prefill."""
         p = self.params
         admitted: list[Admitted] = []
         prefill = 0
-        while self._waiting and len(self._running) < p.max_running:
-            rid, (sub, keys) = self._head()
-            n_prompt = len(sub.prompt)
+        started = 0
+        while self._waiting:
+            rid, entry = self._head()
+            sub, keys = entry.sub, entry.keys
+            n_prompt = len(sub.prompt) + entry.generated
             # Like vLLM, at least the last prompt token is computed even on a full hit.
             hits = min(self.cache.match(keys), (n_prompt - 1) // p.block_size)
             uncached = n_prompt - hits * p.block_size
-            if admitted and prefill + uncached > p.max_prefill_tokens:
+            if started and prefill + uncached > p.max_prefill_tokens:
                 break
-            n_new = p.blocks_for(n_prompt + sub.reserve) - hits
-            if not self.cache.can_allocate(keys[:hits], n_new):
-                break
+            n_new = p.blocks_for(len(sub.prompt) + sub.reserve) - hits
+            full = len(self._running) >= p.max_running
+            if full or not self.cache.can_allocate(keys[:hits], n_new):
+                if not self._preempt_for(sub, keys[:hits], n_new):
+                    break
+                continue  # the victims may have cached blocks the head matches: look again
             self.cache.allocate(keys[:hits], n_new)
             self.cache.publish(keys[hits:])
             del self._waiting[rid]
-            self._running[rid] = _Running(sub, list(keys), n_new - (len(keys) - hits))
+            self._running[rid] = _Running(
+                sub, list(keys), n_new - (len(keys) - hits), entry.generated
+            )
+            prefill += uncached
+            started += 1
+            if entry.generated:
+                continue  # a preempted request resuming: its client saw its admission already
             admitted.append(
                 Admitted(rid=rid, prompt_tokens=n_prompt, cached_tokens=n_prompt - uncached)
             )
-            prefill += uncached
             self.admitted_total += 1
             self.prompt_tokens_total += n_prompt
             self.cached_tokens_total += n_prompt - uncached
-        return admitted
+        return admitted, prefill
+
+    def _preempt_for(self, head: Submission, hits: list[int], n_new: int) -> bool:
+        """Preempt running requests so that `head` can start; False (and none) if it can't."""
+        threshold = self.params.preempt_threshold
+        if threshold is None:
+            return False
+        sign = 1 if self.params.priority_order == "low-first" else -1
+        # Worst priority first; of equals, the latest admitted first (dicts keep order).
+        candidates = sorted(
+            reversed(self._running.items()), key=lambda item: -sign * item[1].sub.priority
+        )
+        victims: list[str] = []
+        freeable = 0  # blocks the victims would free: private, and prefixes only they hold
+        for rid, run in candidates:
+            if sign * (run.sub.priority - head.priority) <= threshold:
+                break  # sorted: every later candidate is closer to the head's priority
+            if run.generated >= run.sub.output_tokens:
+                continue  # done in this iteration; it leaves anyway
+            victims.append(rid)
+            freeable += run.private + sum(1 for k in run.keys if self.cache.refcount(k) == 1)
+            if self.cache.can_allocate(hits, n_new - freeable):
+                break  # any victim frees a slot; now the blocks fit too
+        if not victims or not self.cache.can_allocate(hits, n_new - freeable):
+            return False
+        for rid in victims:
+            run = self._running.pop(rid)
+            # What it computed stays cached; it goes on from there when it starts again.
+            self._waiting[rid] = _Waiting(run.sub, self._leave(run), run.generated)
+            self.preempted_total += 1
+        return True

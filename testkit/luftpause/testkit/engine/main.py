@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="order the waiting queue by the request's `priority` (vLLM: low-first)",
     )
     add(
+        "--priority-preemption-threshold",
+        type=int,
+        default=_E.preempt_threshold,
+        metavar="N",
+        help="with --priority-scheduling: a waiting request that cannot start preempts running "
+        "ones whose priority is worse by more than N, as SGLang does (its default: 10); "
+        "unset: never preempt, as vLLM",
+    )
+    add(
         "--time-scale",
         type=float,
         default=_S.time_scale,
@@ -103,6 +112,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         decode_base_ms=args.decode_base_ms,
         decode_ms_per_seq=args.decode_ms_per_seq,
         priority_order=args.priority_scheduling,
+        preempt_threshold=args.priority_preemption_threshold,
     )
     return SimParams(
         engine=engine,

@@ -65,6 +65,12 @@ def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str
         ),
         ("luftpause_sim_aborted_total", "counter", "Requests aborted", stats.aborted_total),
         (
+            "vllm:num_preemptions_total",
+            "counter",
+            "Running requests preempted for a waiting one of better priority",
+            stats.preempted_total,
+        ),
+        (
             "luftpause_sim_finished_total",
             "counter",
             "Requests that ran to the end",

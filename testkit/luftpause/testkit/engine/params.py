@@ -32,10 +32,19 @@ class EngineParams:
     decode_base_ms: float = CALIBRATED_DECODE_BASE_MS
     decode_ms_per_seq: float = CALIBRATED_DECODE_MS_PER_SEQ
     priority_order: PriorityOrder = "off"
+    # With a priority order: a waiting request that cannot start preempts running ones whose
+    # priority is worse by more than this (SGLang's --priority-scheduling-preemption-threshold,
+    # 10 by default there). None: a running request keeps its slot whatever arrives (vLLM).
+    preempt_threshold: int | None = None
 
     def __post_init__(self) -> None:
         if self.priority_order not in ("off", "low-first", "high-first"):
             raise ValueError("priority_order must be off, low-first or high-first")
+        if self.preempt_threshold is not None:
+            if self.priority_order == "off":
+                raise ValueError("preemption needs a priority order")
+            if self.preempt_threshold < 0:
+                raise ValueError("preempt_threshold must be >= 0")
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.kv_tokens < self.block_size:
