@@ -38,12 +38,20 @@ ARMS = (
     "luftpause-nopriority",
     "luftpause",
 )
-# With --engine-priority (the simulated pool's default) every arm's engines order their queue by
-# the request's `priority`, lower first, as vLLM's priority policy and SGLang with
-# --schedule-low-priority-values-first do; requests without one are all equal (0), so the
-# routers' arms stay first come, first served. luftpause's endpoints send these numbers,
-# except in the luftpause-nopriority arm.
-ENGINE_PRIORITY = {"interactive": 0, "batch": 1}
+# With --engine-priority (the simulated pool's default) every arm's engines schedule by the
+# request's `priority` as SGLang with --enable-priority-scheduling and
+# --schedule-low-priority-values-first does (the seed's test bed ran SGLang with priority
+# scheduling in every row): lower first in the queue, and a waiting request preempts a running
+# one worse by more than SGLang's default threshold of 10. Requests without one are all equal
+# (0), so the routers' arms stay first come, first served and never preempt. luftpause's
+# endpoints send these numbers and say the engine preempts, except in luftpause-nopriority.
+ENGINE_PRIORITY = {"interactive": 0, "batch": 100}
+ENGINE_PRIORITY_ARGS = (
+    "--priority-scheduling",
+    "low-first",
+    "--priority-preemption-threshold",
+    "10",
+)
 
 
 async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: list[str]) -> str:
@@ -126,7 +134,7 @@ async def start_engines(
                 "--max-running",
                 str(args.max_running),
                 *GPU_PROFILE,
-                *(("--priority-scheduling", "low-first") if args.engine_priority else ()),
+                *(ENGINE_PRIORITY_ARGS if args.engine_priority else ()),
                 *extra,
             ],
             f"http://127.0.0.1:{port}/health",
@@ -155,7 +163,7 @@ async def start_front(
     priority = ""
     if engine_priority and arm != "luftpause-nopriority":
         numbers = ", ".join(f"{k}: {v}" for k, v in ENGINE_PRIORITY.items())
-        priority = f"    priority: {{{numbers}}}\n"
+        priority = f"    priority: {{{numbers}, preemptive: true}}\n"
     config = workdir / f"{arm}.yaml"
     config.write_text(
         "endpoints:\n"

@@ -117,8 +117,13 @@ def test_router_file_in_toml_loads_the_same_as_yaml(tmp_path: Any) -> None:
 def test_priority_gives_the_number_each_class_carries_to_the_engine() -> None:
     [e] = config(engine("a", priority={"interactive": 0, "batch": 10})).endpoints
     assert e.priority == Priorities(interactive=0, batch=10)
+    assert e.priority is not None and not e.priority.preemptive
     [plain] = config(engine("b")).endpoints
     assert plain.priority is None
+    [pre] = config(
+        engine("c", priority={"interactive": 0, "batch": 100, "preemptive": True})
+    ).endpoints
+    assert pre.priority == Priorities(interactive=0, batch=100, preemptive=True)
 
 
 @pytest.mark.parametrize(
@@ -128,6 +133,8 @@ def test_priority_gives_the_number_each_class_carries_to_the_engine() -> None:
         {"interactive": 0, "batch": 1, "other": 2},
         {"interactive": "high", "batch": 0},
         {"interactive": True, "batch": 0},
+        {"interactive": 0, "batch": 100, "preemptive": "yes"},
+        {"batch": 100, "preemptive": True},
         [0, 1],
     ],
 )

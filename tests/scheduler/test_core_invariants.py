@@ -3,11 +3,13 @@
 Random sequences of admits, turn ends (finished, failed, abandoned), abandoned held turns,
 probes, run ends, ticks, resyncs and dataplane disconnects. After every step:
 
-- never over capacity: a capped replica that received a turn holds at most its cap;
+- never over capacity: a capped replica that received a turn holds at most its cap; a
+  preemptive one ("c") may take interactive turns beyond it, but never more interactive turns
+  than its cap (the engine must have batch work to preempt), and batch never beyond it;
 - never on an unhealthy replica, nor on one that does not serve the turn's model;
 - a generating or tool-paused run's turn goes to its replica while that replica is healthy;
-- batch respects paused-interactive headroom: a batch turn placed on a capped replica leaves
-  at least one free slot per interactive run paused on a tool there;
+- batch respects paused-interactive headroom: a batch turn placed on a capped replica that does
+  not preempt leaves at least one free slot per interactive run paused on a tool there;
 - fairness: no turn still held was passed over by a turn placed in the same step that it
   could have taken the slot of, of a class no better and of a caller with more turns in flight
   (or as many, and later);
@@ -26,7 +28,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from luftpause.common.config import Endpoint
+from luftpause.common.config import Endpoint, Priorities
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
     Action,
@@ -57,6 +59,7 @@ from luftpause.scheduler.core.placement import choose_replica, count_room
 from luftpause.scheduler.core.queues import bucket_of
 
 REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
+PREEMPTIVE = Priorities(interactive=0, batch=100, preemptive=True)
 RUNS = [f"r{i}" for i in range(8)]
 CALLERS = ["x", "y", "z"]
 DATAPLANES = ["dp1", "dp2"]
@@ -90,7 +93,13 @@ class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         endpoints = [
-            Endpoint(id=r, url=f"http://{r}:1", models=frozenset(m)) for r, m in REPLICAS.items()
+            Endpoint(
+                id=r,
+                url=f"http://{r}:1",
+                models=frozenset(m),
+                priority=PREEMPTIVE if r == "c" else None,
+            )
+            for r, m in REPLICAS.items()
         ]
         self.state: State = initial_state(endpoints)
         self.now = 0.0
@@ -113,8 +122,12 @@ class CoreMachine(RuleBasedStateMachine):
             assert replica.healthy, "placed on an unhealthy replica"
             assert turn.model in replica.models, "placed on a replica without the model"
             if replica.capacity is not None:
-                assert replica.in_flight <= replica.capacity, "over capacity"
-                if turn.service_class is ServiceClass.BATCH:
+                interactive = turn.service_class is ServiceClass.INTERACTIVE
+                if replica.preemptive and interactive:
+                    assert replica.interactive_in_flight <= replica.capacity, "nothing to preempt"
+                else:
+                    assert replica.in_flight <= replica.capacity, "over capacity"
+                if not interactive and not replica.preemptive:
                     free = replica.capacity - replica.in_flight
                     assert free >= replica.paused_interactive, "batch took a kept slot"
             run = before.runs.get(turn.run_id)
@@ -312,6 +325,9 @@ class CoreMachine(RuleBasedStateMachine):
     def counters_and_indexes_match_turns_and_runs(self) -> None:
         s = self.state
         per_replica = Counter(t.replica for t in s.turns.values())
+        interactive = Counter(
+            t.replica for t in s.turns.values() if t.service_class is ServiceClass.INTERACTIVE
+        )
         per_caller = Counter(t.caller for t in s.turns.values() if not t.single_pass)
         paused = Counter(
             r.replica
@@ -320,6 +336,7 @@ class CoreMachine(RuleBasedStateMachine):
         )
         for rid, replica in s.replicas.items():
             assert replica.in_flight == per_replica[rid]
+            assert replica.interactive_in_flight == interactive[rid]
             assert replica.paused_interactive == paused[rid]
         assert dict(s.caller_in_flight.items()) == dict(per_caller)
         per_run = Counter(t.run_id for t in s.turns.values())

@@ -333,3 +333,48 @@ def test_placement_carries_the_engine_priority_of_the_turns_class_where_configur
     ]
     _, plain = admit(pool("a"), "t3", "r3")
     assert [a.engine_priority for a in plain if isinstance(a, Place)] == [None]
+
+
+def _preemptive_pool(running: int) -> State:
+    pre = Endpoint(
+        id="p",
+        url="http://p:1",
+        models=frozenset({MODEL}),
+        priority=Priorities(interactive=0, batch=100, preemptive=True),
+    )
+    state, _ = decide(initial_state([pre]), ProbeResult(at=0, replica_id="p", healthy=True))
+    return cap(state, "p", running)
+
+
+def test_on_a_preemptive_engine_batch_fills_the_cap_and_interactive_goes_beyond_it() -> None:
+    state = _preemptive_pool(2)
+    state, _ = admit(state, "i1", "ri")
+    state, _ = finish(state, "i1", tool_calls=True)  # ri paused on a tool: no slot kept for it
+    state, actions = admit(state, "b1", "rb1", cls=BATCH)
+    state, more = admit(state, "b2", "rb2", cls=BATCH)
+    assert placed(actions + more) == {"b1": "p", "b2": "p"}
+    state, actions = admit(state, "b3", "rb3", cls=BATCH)
+    assert not placed(actions)  # batch never beyond the cap
+    state, actions = admit(state, "i2", "ri")  # the engine preempts a batch turn for it
+    assert placed(actions) == {"i2": "p"}
+    state, actions = admit(state, "i3", "rj")
+    assert placed(actions) == {"i3": "p"}
+    assert (state.replicas["p"].in_flight, state.replicas["p"].interactive_in_flight) == (4, 2)
+    state, actions = admit(state, "i4", "rk")
+    assert not placed(actions)  # as many interactive turns as the cap: nothing left to preempt
+    state, actions = finish(state, "b1", at=2)
+    assert not placed(actions)  # the engine still runs two interactive turns
+    state, actions = finish(state, "i2", at=3)
+    assert placed(actions) == {"i4": "p"}  # interactive first; b3 waits for room below the cap
+
+
+def test_our_turns_beyond_the_cap_queueing_do_not_lower_it() -> None:
+    state = _preemptive_pool(2)
+    for turn, run, cls in (("b1", "rb1", BATCH), ("b2", "rb2", BATCH), ("i1", "ri", None)):
+        state, _ = admit(state, turn, run, cls=cls or ServiceClass.INTERACTIVE)
+    assert state.replicas["p"].in_flight == 3
+    state = probe(state, "p", 2, 1)  # the preempted batch turn waits in the engine
+    state = probe(state, "p", 2, 1)
+    assert state.replicas["p"].cap == 2
+    state = probe(state, "p", 2, 2)  # one more than ours beyond the cap: the cap was high
+    assert state.replicas["p"].cap == 2  # never below what runs

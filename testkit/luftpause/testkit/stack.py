@@ -26,6 +26,8 @@ class LocalStack:
     with_dataplane: bool = True
     # The endpoints' `priority` (interactive, batch): the numbers sent to their engines.
     priority: tuple[int, int] | None = None
+    # Whether the endpoints say their engines preempt for priority (`priority.preemptive`).
+    preemptive: bool = False
     engine_ports: list[int] = field(default_factory=list)
     grpc_port: int = 0
     http_port: int = 0
@@ -44,8 +46,10 @@ class LocalStack:
                 f"    models: [{SIM_MODEL}]",
             ]
             if self.priority is not None:
+                interactive, batch = self.priority
+                preempts = ", preemptive: true" if self.preemptive else ""
                 lines.append(
-                    f"    priority: {{interactive: {self.priority[0]}, batch: {self.priority[1]}}}"
+                    f"    priority: {{interactive: {interactive}, batch: {batch}{preempts}}}"
                 )
             await self._spawn(
                 stack,

@@ -15,7 +15,7 @@ File format (YAML, or TOML by extension)::
         metrics: /metrics            # load path; "" when the endpoint reports no load
         api_key_env: ENGINE_A_KEY    # environment variable holding its API key (optional)
         load_from: [engine-x]        # a router: read its load from these (optional, see below)
-        priority: {interactive: 0, batch: 10}  # sent as the request's `priority` (optional)
+        priority: {interactive: 0, batch: 100, preemptive: true}  # see below (optional)
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -24,6 +24,14 @@ its class, replacing any the client sent; the engine then serves a queued intera
 before queued batch ones. Which end is first is the engine's convention (vLLM and SGLang with
 `--schedule-low-priority-values-first`: lower first; SGLang by default: higher first), so the
 file says the numbers, not an order. Without it no priority is sent.
+
+`preemptive: true` says the engine also preempts: a waiting request that cannot start takes the
+place of a running one of worse priority. SGLang does this with `--enable-priority-scheduling`
+(unless `--disable-priority-preemption`) when the numbers differ by more than its
+`--priority-scheduling-preemption-threshold` (10 by default), so give numbers further apart
+than that; vLLM's priority policy does not preempt for an arrival, so leave it false there.
+On a preemptive endpoint batch turns need not keep slots for paused interactive runs, and an
+interactive turn is placed even when the engine is full: the engine makes its room.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from
@@ -77,6 +85,8 @@ class Priorities:
 
     interactive: int
     batch: int
+    # The engine preempts a running batch turn for a waiting interactive one.
+    preemptive: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -218,12 +228,23 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
 def _priorities(value: Any, where: str) -> Priorities | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping) or set(value) != {"interactive", "batch"}:
-        raise ConfigError(f"{where} must be a mapping with exactly 'interactive' and 'batch'")
+    if (
+        not isinstance(value, Mapping)
+        or not {"interactive", "batch"} <= set(value)
+        or not set(value) <= {"interactive", "batch", "preemptive"}
+    ):
+        raise ConfigError(
+            f"{where} must be a mapping with 'interactive' and 'batch' (and 'preemptive')"
+        )
     numbers = {k: v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
-    if len(numbers) != 2:
+    if "interactive" not in numbers or "batch" not in numbers:
         raise ConfigError(f"{where}: 'interactive' and 'batch' must be integers")
-    return Priorities(interactive=numbers["interactive"], batch=numbers["batch"])
+    preemptive = value.get("preemptive", False)
+    if not isinstance(preemptive, bool):
+        raise ConfigError(f"{where}: 'preemptive' must be true or false")
+    return Priorities(
+        interactive=numbers["interactive"], batch=numbers["batch"], preemptive=preemptive
+    )
 
 
 def parse_config(raw: Any) -> Config:

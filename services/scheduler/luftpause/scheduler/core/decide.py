@@ -248,7 +248,12 @@ def _place(
     )
     state = set_replica(
         put(state, turns=state.turns.set(turn.id, turn)),
-        evolve(replica, in_flight=replica.in_flight + 1),
+        evolve(
+            replica,
+            in_flight=replica.in_flight + 1,
+            interactive_in_flight=replica.interactive_in_flight
+            + (held.service_class is ServiceClass.INTERACTIVE),
+        ),
     )
     if held.single_pass:
         return state, []

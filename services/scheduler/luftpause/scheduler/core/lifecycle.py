@@ -48,7 +48,15 @@ def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[Sta
     state = expiry.unorder_turn(put(state, turns=state.turns.delete(turn.id)), turn.order)
     replica = state.replicas.get(turn.replica)
     if replica is not None:
-        state = set_replica(state, evolve(replica, in_flight=replica.in_flight - 1))
+        interactive = turn.service_class is ServiceClass.INTERACTIVE
+        state = set_replica(
+            state,
+            evolve(
+                replica,
+                in_flight=replica.in_flight - 1,
+                interactive_in_flight=replica.interactive_in_flight - interactive,
+            ),
+        )
     if turn.single_pass:
         return state, []
     count = state.caller_in_flight.get(turn.caller, 0) - 1

@@ -85,10 +85,10 @@ def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int 
 
     Uncapped while the engine reports no queue (or no load at all). Once it queues, the cap
     is what it runs, and it stays until the engine idles:
-    - a queue seen on two probes in a row lowers it by that queue (never below what the engine
-      runs); a queue on one probe alone is a turn caught between its arrival and the engine's
-      next step, and lowering the cap for it would ratchet the cap down to whatever happened
-      to be running;
+    - a queue seen on two probes in a row lowers it by that queue, less our turns beyond the
+      cap (never below what the engine runs); a queue on one probe alone is a turn caught
+      between its arrival and the engine's next step, and lowering the cap for it would
+      ratchet the cap down to whatever happened to be running;
     - a probe that finds no queue while our turns fill the cap raises it by one.
     Without the hysteresis a capped engine shows an empty queue (the cap keeps it empty), the
     cap lifts, every held turn floods the engine at once, and a continuation waits behind all
@@ -102,7 +102,10 @@ def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int 
     if waiting > 0:
         if not replica.engine_waiting:
             return cap
-        return max(running or 0, 1, cap - min(waiting, replica.engine_waiting))
+        # Our own turns beyond the cap (interactive ones a preemptive engine made room for)
+        # are expected to queue: only a queue longer than that says the cap is too high.
+        queue = max(waiting - max(replica.in_flight - cap, 0), 0)
+        return max(running or 0, 1, cap - min(queue, replica.engine_waiting))
     if not running:
         return None
     return cap + 1 if replica.in_flight >= cap else cap
@@ -130,6 +133,8 @@ class Replica:
     engine_waiting: int | None = None
     # Turns placed here and not yet finished (our own count, exact).
     in_flight: int = 0
+    # Of those, interactive ones (a preemptive engine takes them beyond the cap).
+    interactive_in_flight: int = 0
     # Interactive runs paused on a tool here: batch leaves one slot for each.
     paused_interactive: int = 0
     # Turn cap from the engine's load: see `next_cap`.
@@ -139,12 +144,17 @@ class Replica:
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
-        if self.in_flight < 0 or self.paused_interactive < 0:
+        if not 0 <= self.interactive_in_flight <= self.in_flight or self.paused_interactive < 0:
             raise ValueError(f"replica {self.id}: negative counts")
 
     @property
     def capacity(self) -> int | None:
         return self.cap
+
+    @property
+    def preemptive(self) -> bool:
+        """Its engine preempts a running batch turn for a waiting interactive one."""
+        return self.priority is not None and self.priority.preemptive
 
     def engine_priority(self, service_class: ServiceClass) -> int | None:
         """The `priority` a turn of `service_class` carries to this replica's engine."""

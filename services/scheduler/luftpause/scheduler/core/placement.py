@@ -10,7 +10,10 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
 4. Admission by engine load: a replica whose engine reports no waiting queue is uncapped; once
    it queues, its turns are capped at what the engine runs.
 5. Service classes: a batch turn may not take the last free slot kept for each interactive run
-   paused on a tool on that replica (it will come back).
+   paused on a tool on that replica (it will come back). On a preemptive replica (its engine
+   preempts a running batch request for a waiting interactive one) no slot is kept: batch may
+   fill the cap, and an interactive turn goes beyond it while the engine still runs batch work
+   to preempt (fewer interactive turns in flight there than the cap).
 6. Among replicas with room, an idle run prefers its last replica (its prefix may still be
    cached), then the least loaded.
 """
@@ -31,6 +34,10 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     if cap is None:
         return True
     free = cap - replica.in_flight
+    if replica.preemptive:
+        if service_class is ServiceClass.BATCH:
+            return free > 0
+        return replica.interactive_in_flight < cap
     if service_class is ServiceClass.BATCH:
         return free > replica.paused_interactive
     return free > 0

@@ -68,6 +68,7 @@ def _rebuild(
 ) -> State:
     """Every derived counter and index, recomputed from turns, runs and held turns."""
     in_flight: dict[str, int] = {}
+    interactive: dict[str, int] = {}
     paused: dict[str, int] = {}
     callers: dict[str, int] = {}
     per_run: dict[str, int] = {}
@@ -76,6 +77,8 @@ def _rebuild(
         turns[t.id] = t = evolve(t, order=n)
         ordered[n] = t.id
         in_flight[t.replica] = in_flight.get(t.replica, 0) + 1
+        if t.service_class is ServiceClass.INTERACTIVE:
+            interactive[t.replica] = interactive.get(t.replica, 0) + 1
         if not t.single_pass:
             callers[t.caller] = callers.get(t.caller, 0) + 1
             per_run[t.run_id] = per_run.get(t.run_id, 0) + 1
@@ -92,7 +95,12 @@ def _rebuild(
         ):
             paused[run.replica] = paused.get(run.replica, 0) + 1
     replicas = {
-        rid: evolve(r, in_flight=in_flight.get(rid, 0), paused_interactive=paused.get(rid, 0))
+        rid: evolve(
+            r,
+            in_flight=in_flight.get(rid, 0),
+            interactive_in_flight=interactive.get(rid, 0),
+            paused_interactive=paused.get(rid, 0),
+        )
         for rid, r in state.replicas.items()
     }
     state = put(
