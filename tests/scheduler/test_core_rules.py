@@ -20,6 +20,7 @@ from luftpause.scheduler.core.events import (
     TurnSnapshot,
 )
 from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.status import status_view
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 
 BATCH = ServiceClass.BATCH
@@ -360,6 +361,9 @@ def test_on_a_preemptive_engine_batch_fills_the_cap_and_interactive_goes_beyond_
     state, actions = admit(state, "i3", "rj")
     assert placed(actions) == {"i3": "p"}
     assert (state.replicas["p"].in_flight, state.replicas["p"].interactive_in_flight) == (4, 2)
+    [view] = status_view(state, now=1.0)["replicas"]
+    assert (view["in_flight"], view["interactive_in_flight"], view["capacity"]) == (4, 2, 2)
+    assert view["preemptive"] is True
     state, actions = admit(state, "i4", "rk")
     assert not placed(actions)  # as many interactive turns as the cap: nothing left to preempt
     state, actions = finish(state, "b1", at=2)

@@ -209,7 +209,7 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
 
     rows = await page.until(REPLICA_ROWS, lambda v: rows_by_id(v) == {"a": "up", "b": "up"})
     assert [r["cells"] for r in rows] == [
-        [rid, "up", "0 / uncapped", "0 / 0", "0", sched.MODEL] for rid in ("a", "b")
+        [rid, "up", "0 (0) / uncapped", "0 / 0", "0", sched.MODEL] for rid in ("a", "b")
     ]
     assert [r["health_class"] for r in rows] == ["up", "up"]
     assert (await page.evaluate('document.getElementById("updated").textContent')).startswith(

@@ -20,11 +20,13 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "models": sorted(r.models),
             "healthy": r.healthy,
             "in_flight": r.in_flight,
+            "interactive_in_flight": r.interactive_in_flight,
             "capacity": r.capacity,
             "capped": r.capacity is not None,
             "engine_running": r.engine_running,
             "engine_waiting": r.engine_waiting,
             "paused_interactive": r.paused_interactive,
+            "preemptive": r.preemptive,
         }
         for r in sorted(state.replicas.values(), key=lambda r: r.id)
     ]
