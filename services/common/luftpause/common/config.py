@@ -29,7 +29,8 @@ file says the numbers, not an order. Without it no priority is sent.
 place of a running one of worse priority. SGLang does this with `--enable-priority-scheduling`
 (unless `--disable-priority-preemption`) when the numbers differ by more than its
 `--priority-scheduling-preemption-threshold` (10 by default), so give numbers further apart
-than that; vLLM's priority policy does not preempt for an arrival, so leave it false there.
+than that. vLLM's priority policy (V1), as far as we know, preempts only when running requests
+run out of KV blocks, not for an arrival, so leave it false there unless your version does.
 On a preemptive endpoint batch turns need not keep slots for paused interactive runs, and an
 interactive turn is placed even when the engine is full: the engine makes its room.
 
