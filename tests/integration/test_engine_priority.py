@@ -4,6 +4,12 @@ The endpoint file gives the engine's `priority` per class; every turn placed the
 class's number in the body, replacing any the client sent, and the simulated engine (set to
 order its queue by priority, lower first, as vLLM does) serves a queued interactive turn before
 the batch turns queued ahead of it.
+
+A second stack's engine also preempts, as SGLang with priority scheduling does: a waiting
+request takes the place of a running one whose priority is worse by more than 10. Its endpoint
+says so (`preemptive: true`) and gives batch 100, interactive 0. An interactive turn sent while
+a batch turn streams finishes first; the batch turn's stream stalls meanwhile and then goes on
+to its end, every token in order, on the same connection.
 """
 
 from __future__ import annotations
@@ -23,12 +29,8 @@ from luftpause.testkit.stack import SIM_MODEL, LocalStack
 
 # One engine that runs one request at a time, slowly enough that later ones queue in it.
 ENGINE_ARGS = (
-    "--time-scale",
-    "10",
     "--max-running",
     "1",
-    "--reply-tokens",
-    "40",
     "--tool-rounds",
     "0",
     "--priority-scheduling",
@@ -36,13 +38,29 @@ ENGINE_ARGS = (
 )
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalStack]:
-    workdir: Path = tmp_path_factory.mktemp("priority")
+async def _running_stack(
+    workdir: Path, engine_args: tuple[str, ...], **kw: Any
+) -> AsyncIterator[LocalStack]:
     async with AsyncExitStack() as exits:
-        local = LocalStack(workdir, engine_args=ENGINE_ARGS, engines=1, priority=(0, 10))
+        local = LocalStack(workdir, engine_args=(*ENGINE_ARGS, *engine_args), engines=1, **kw)
         await local.start(exits)
         await local.wait_healthy()
+        yield local
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalStack]:
+    workdir = tmp_path_factory.mktemp("priority")
+    args = ("--time-scale", "10", "--reply-tokens", "40")
+    async for local in _running_stack(workdir, args, priority=(0, 10)):
+        yield local
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def preemptive(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalStack]:
+    workdir = tmp_path_factory.mktemp("preemption")
+    args = ("--time-scale", "5", "--reply-tokens", "60", "--priority-preemption-threshold", "10")
+    async for local in _running_stack(workdir, args, priority=(0, 100), preemptive=True):
         yield local
 
 
@@ -115,3 +133,60 @@ async def test_engine_serves_a_queued_interactive_turn_before_earlier_batch_turn
         interactive = asyncio.create_task(turn("interactive", "interactive"))
         await asyncio.gather(first, interactive, *batch)
     assert done.index("interactive") <= 1, done
+
+
+async def preemptions(stack: LocalStack) -> float:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(stack.engine_url(0) + "/metrics") as resp,
+    ):
+        text = await resp.text()
+    [line] = [x for x in text.splitlines() if x.startswith("vllm:num_preemptions_total")]
+    return float(line.rsplit(" ", 1)[1])
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_an_interactive_turn_preempts_a_streaming_batch_turn_which_then_completes(
+    preemptive: LocalStack,
+) -> None:
+    stack = preemptive
+    messages: Any = [{"role": "user", "content": "work"}]
+    done: list[str] = []
+    async with (
+        asyncio.timeout(60),
+        client(stack, "batch") as batch,
+        client(stack, "interactive") as inter,
+    ):
+        first_chunk = asyncio.Event()
+
+        async def batch_turn() -> tuple[str, str | None]:
+            text, finish = "", None
+            stream = await batch.chat.completions.create(
+                model=SIM_MODEL, messages=messages, max_tokens=60, stream=True
+            )
+            async for chunk in stream:
+                if chunk.choices:
+                    text += chunk.choices[0].delta.content or ""
+                    finish = chunk.choices[0].finish_reason or finish
+                    first_chunk.set()
+            done.append("batch")
+            return text, finish
+
+        running = asyncio.create_task(batch_turn())
+        await first_chunk.wait()
+        reply = await inter.chat.completions.create(
+            model=SIM_MODEL, messages=messages, max_tokens=60
+        )
+        done.append("interactive")
+        text, finish = await running
+    assert done == ["interactive", "batch"]
+    assert reply.choices[0].finish_reason == "stop"
+    assert finish == "stop"
+    assert (reply.usage is not None) and reply.usage.completion_tokens == 60
+    # The preempted reply is whole: the same text a request never preempted gets.
+    async with client(stack, "batch") as again:
+        whole = await again.chat.completions.create(
+            model=SIM_MODEL, messages=messages, max_tokens=60
+        )
+    assert text == whole.choices[0].message.content
+    assert await preemptions(stack) == 1

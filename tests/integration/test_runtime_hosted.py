@@ -11,24 +11,29 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
+import aiohttp
 import pytest
 import pytest_asyncio
 from mcp import Client
 
 import tests.runtime.stdio_tools
 from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import LocalStack
+from luftpause.testkit.stack import SIM_MODEL, LocalStack
 from tests.integration.test_runtime import call
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-# One request a (scaled) minute: the second turn of a run meets a 429 and must wait it out.
+# One request a (scaled) minute, 3 s of real time. The test spends the window's request just
+# before the run starts, so the run's first turn meets a 429 and must wait it out (the windows are
+# fixed, so leaving it to the second turn would race the window's end on a slow machine).
 ENGINE_ARGS = ("--rpm", "1", "--time-scale", "20", "--tool-rounds", "1")
 STDIO_SERVER = f"{sys.executable} {Path(tests.runtime.stdio_tools.__file__).resolve()}"
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def hosted(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, Path]]:
+async def hosted(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[tuple[str, Path, str]]:
     workdir: Path = tmp_path_factory.mktemp("runtime-hosted")
     async with AsyncExitStack() as exits:
         stack = await LocalStack(workdir, engine_args=ENGINE_ARGS, engines=1).start(exits)
@@ -49,15 +54,16 @@ async def hosted(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tupl
         await proc.start()
         exits.push_async_callback(proc.stop)
         await proc.wait_http(f"http://127.0.0.1:{port}/status")
-        yield f"http://127.0.0.1:{port}/mcp", workdir
+        yield f"http://127.0.0.1:{port}/mcp", workdir, stack.engine_url(0)
 
 
 async def test_a_turn_refused_with_429_is_retried_after_retry_after_and_the_run_finishes(
-    hosted: tuple[str, Path],
+    hosted: tuple[str, Path, str],
 ) -> None:
-    url, workdir = hosted
+    url, workdir, engine = hosted
     async with asyncio.timeout(40), Client(url) as c:
         tools = await call(c, "tools", {})
+        await spend_the_window(engine)
         out = await call(c, "run", {"task": "shout it", "maxToolCalls": 1, "timeout": 35})
     assert [t["name"] for t in tools["tools"]] == ["shout"]
     assert tools["tools"][0]["server"].startswith("stdio:")
@@ -70,3 +76,14 @@ async def test_a_turn_refused_with_429_is_retried_after_retry_after_and_the_run_
     records = [json.loads(r) for r in (workdir / "state" / "runs.jsonl").read_text().splitlines()]
     [round_] = [r for r in records if r["type"] == "round"]
     assert round_["results"][0]["content"].startswith("SHOUTED ")
+
+
+async def spend_the_window(engine: str) -> None:
+    """Use up the engine's one request of the current window (a 429 means it already is)."""
+    body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(engine + "/v1/chat/completions", json=body) as resp,
+    ):
+        await resp.read()
+        assert resp.status in (200, 429), resp.status

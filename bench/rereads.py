@@ -1,0 +1,105 @@
+"""How often a continuation turn found its context gone, per arm, from llama.cpp's own logs.
+
+Run after the real-pool flood: `.venv/bin/python -m bench.rereads` reads the engine logs of the
+run in bench/results/flood_real.json (its `logs` directory, its arms and repeats); `--logs DIR`
+adds other runs of the same arms, one repeat each. Writes bench/results/rereads.json.
+
+Each arm starts fresh engines, so an engine log is one segment per arm and repeat, in the order
+the flood ran them (each starts with llama.cpp's "loading model" line). For every turn the log
+gives its prompt length (tokens at release less the tokens generated) and how many prompt tokens
+it evaluated. First turns all have about the same prompt (the shared preamble and a task of
+fixed size); a turn whose prompt is longer than the shortest in its segment by more than
+`CONTINUATION_MARGIN` tokens carries an earlier reply and tool result, so it is a continuation.
+A continuation that evaluated more than half its prompt found its context in neither the
+engine's slots nor its prompt cache: it re-read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, machine
+
+CONTINUATION_MARGIN = 30
+_START = "load_model: loading model"
+_PROMPT = re.compile(r"task (\d+) \| prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
+_GEN = re.compile(r"task (\d+) \|\s+eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
+_DONE = re.compile(r"task (\d+) \| stop processing: n_tokens = (\d+)")
+
+
+def segments(log: str) -> list[list[tuple[int, int]]]:
+    """Per engine start, each finished turn's (prompt tokens, prompt tokens evaluated)."""
+    out: list[list[tuple[int, int]]] = []
+    evaluated: dict[str, int] = {}
+    generated: dict[str, int] = {}
+    for line in log.splitlines():
+        if _START in line:
+            out.append([])
+            evaluated, generated = {}, {}
+        elif m := _PROMPT.search(line):
+            evaluated[m[1]] = int(m[2])
+        elif m := _GEN.search(line):
+            generated[m[1]] = int(m[2])
+        elif (m := _DONE.search(line)) and out and m[1] in evaluated:
+            prompt = int(m[2]) - generated.pop(m[1], 0)
+            out[-1].append((prompt, evaluated.pop(m[1])))
+    return out
+
+
+def rereads(turns: list[tuple[int, int]]) -> tuple[int, int]:
+    """(continuations that re-read their context, continuations) among one segment's turns."""
+    if not turns:
+        return 0, 0
+    first = min(prompt for prompt, _ in turns)
+    cont = [(p, e) for p, e in turns if p > first + CONTINUATION_MARGIN]
+    return sum(1 for p, e in cont if e > p / 2), len(cont)
+
+
+def per_arm(logs: Path, arms: list[str], repeats: int) -> dict[str, list[list[int]]]:
+    """arm -> per repeat [re-read, continuations], summed over the run's engines."""
+    out: dict[str, list[list[int]]] = {arm: [[0, 0] for _ in range(repeats)] for arm in arms}
+    for path in sorted(logs.glob("engine-*.log")):
+        segs = segments(path.read_text(errors="replace"))
+        if len(segs) != len(arms) * repeats:
+            raise SystemExit(f"{path}: {len(segs)} engine starts, expected {len(arms) * repeats}")
+        for i, turns in enumerate(segs):
+            counts = out[arms[i % len(arms)]][i // len(arms)]
+            reread, cont = rereads(turns)
+            counts[0] += reread
+            counts[1] += cont
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.rereads", description=__doc__)
+    p.add_argument("--logs", nargs="*", type=Path, default=[], help="other runs' log dirs")
+    args = p.parse_args()
+    flood = json.loads((RESULTS / "flood_real.json").read_text())
+    arms, repeats = flood["args"]["arms"], flood["args"]["repeats"]
+    runs = [{"logs": flood["logs"], "per_arm": per_arm(Path(flood["logs"]), arms, repeats)}]
+    runs += [{"logs": str(d), "per_arm": per_arm(d, arms, 1)} for d in args.logs]
+    totals = {arm: [0, 0] for arm in arms}
+    for run in runs:
+        for arm, reps in run["per_arm"].items():
+            for reread, cont in reps:
+                totals[arm][0] += reread
+                totals[arm][1] += cont
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "benchmark": "rereads",
+        "continuation_margin": CONTINUATION_MARGIN,
+        "runs": runs,
+        "totals": totals,
+    }
+    (RESULTS / "rereads.json").write_text(json.dumps(result, indent=2) + "\n")
+    for arm, (reread, cont) in totals.items():
+        print(f"{arm}: {reread} of {cont} continuations re-read their context")
+    print(f"wrote {RESULTS / 'rereads.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""bench.rereads: continuation turns that re-read their context, counted from llama.cpp logs."""
+
+from __future__ import annotations
+
+from bench.rereads import rereads, segments
+
+
+def _turn(task: int, prompt: int, evaluated: int, generated: int) -> str:
+    return (
+        f"I slot print_timing: id  0 | task {task} | prompt eval time = 1.0 ms / "
+        f"{evaluated} tokens\n"
+        f"I slot print_timing: id  0 | task {task} |        eval time = 1.0 ms / "
+        f"{generated} tokens\n"
+        f"I slot      release: id  0 | task {task} | stop processing: n_tokens = "
+        f"{prompt + generated}, truncated = 0\n"
+    )
+
+
+LOG = (
+    "I srv    load_model: loading model 'm.gguf'\n"
+    + _turn(1, 1040, 1040, 40)  # a first turn: all its prompt is new
+    + _turn(2, 1038, 700, 12)  # another first turn, preamble cached
+    + _turn(3, 1100, 60, 40)  # a continuation that found its context
+    + _turn(4, 1160, 800, 40)  # a continuation that re-read it
+    + "I srv    load_model: loading model 'm.gguf'\n"
+    + _turn(1, 1040, 1040, 40)
+)
+
+
+def test_segments_split_at_each_engine_start_and_give_prompt_and_evaluated_tokens() -> None:
+    assert segments(LOG) == [
+        [(1040, 1040), (1038, 700), (1100, 60), (1160, 800)],
+        [(1040, 1040)],
+    ]
+
+
+def test_only_continuations_that_evaluated_over_half_their_prompt_count_as_rereads() -> None:
+    first, second = segments(LOG)
+    assert rereads(first) == (1, 2)
+    assert rereads(second) == (0, 0)
+    assert rereads([]) == (0, 0)
