@@ -9,6 +9,10 @@ each arm's figure is the median over rounds of the per-round figure, with the sp
 (min..max over rounds) beside it. Clients keep their connections alive, as the OpenAI SDK does,
 and every connection is warmed before a measured phase starts.
 
+Two dataplane arms share the scheduler: `dataplane` as deployed (the engine is open, so it
+places turns itself and reports them) and `dataplane-ask` (`--no-local-placement`: every turn
+waits for the scheduler's placement, as when engines queue).
+
 Per phase and arm: latency to first byte and to completion (p50/p99, and what the arm adds
 over going direct), requests/s, and CPU per turn: utime+stime from /proc of the arm's own
 processes (the dataplane and the scheduler together; the router; the LiteLLM proxy), delta over
@@ -204,11 +208,35 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
         local = await LocalStack(workdir, engine_args=INSTANT, engines=1).start(stack)
         await local.wait_healthy()
-        own = [local.procs["dataplane"].pid, local.procs["scheduler"].pid]
+        scheduler = local.procs["scheduler"].pid
+        own = [local.procs["dataplane"].pid, scheduler]
         arms: dict[str, tuple[str, list[int]]] = {
             "direct": (local.engine_url(0) + "/v1/chat/completions", []),
             "dataplane": (local.base_url + "/chat/completions", own),
         }
+        # The same dataplane asking the scheduler for every turn: what local placement saves.
+        port = free_port()
+        asking = await _peer(
+            stack,
+            workdir,
+            "dataplane-ask",
+            [str(Path(sys.executable).with_name("luftpause"))],
+            [
+                "dataplane",
+                "--port",
+                str(port),
+                "--scheduler",
+                f"127.0.0.1:{local.grpc_port}",
+                "--id",
+                "dataplane-ask",
+                "--no-local-placement",
+            ],
+            f"http://127.0.0.1:{port}/health",
+        )
+        arms["dataplane-ask"] = (
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            [asking, scheduler],
+        )
         port = free_port()
         floor = await _peer(
             stack,

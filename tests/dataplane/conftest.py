@@ -75,6 +75,7 @@ class Stack:
 async def running_stack(
     transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
     token: bytes | None = None,
+    local_placement: bool = True,
 ) -> AsyncIterator[Stack]:
     engine = FakeEngine()
     engine_runner, engine_url = await start_engine(engine)
@@ -87,6 +88,7 @@ async def running_stack(
         transport_factory=transport_factory,
         reconnect_delay=0.05,
         token=token,
+        local_placement=local_placement,
     )
     runner, port = await start_server(app, "127.0.0.1", 0)
     http = aiohttp.ClientSession()

@@ -57,6 +57,15 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         self.release = asyncio.Event()
         self.changes = Changes()
         self._breakers: list[asyncio.Event] = []
+        # Sent first on every Session when set, and pushed to open ones by `set_open`.
+        self.open: pb.OpenReplicas | None = None
+        self._outs: list[asyncio.Queue[pb.PlacementBatch]] = []
+
+    def set_open(self, *replicas: pb.OpenReplica) -> None:
+        """Tell every open Session (and later ones) which replicas are open."""
+        self.open = pb.OpenReplicas(replicas=replicas)
+        for out in self._outs:
+            out.put_nowait(pb.PlacementBatch(open=self.open))
 
     def events_of(self, turn_id: str) -> list[str]:
         return [e.WhichOneof("kind") or "" for e in self.events if e.turn_id == turn_id]
@@ -88,7 +97,10 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         breaker = asyncio.Event()
         self._breakers.append(breaker)
         held: dict[str, pb.AdmitRequest] = {}
-        out: asyncio.Queue[pb.Placement] = asyncio.Queue()
+        out: asyncio.Queue[pb.PlacementBatch] = asyncio.Queue()
+        if self.open is not None:
+            out.put_nowait(pb.PlacementBatch(open=self.open))
+        self._outs.append(out)
 
         async def consume() -> None:
             async for batch in request_iterator:
@@ -102,6 +114,8 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
                         continue
                     self.admits.append(item.admit)
                     self._record("admit")
+                    if item.admit.placed_replica_id:
+                        continue  # placed by the dataplane: nothing to answer
                     if self.fail_admits > 0:
                         self.fail_admits -= 1
                         breaker.set()
@@ -109,24 +123,25 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
                     if self.hold:
                         held[item.admit.turn_id] = item.admit
                     else:
-                        out.put_nowait(self._place(item.admit))
+                        out.put_nowait(pb.PlacementBatch(placements=[self._place(item.admit)]))
                 self.changes.notify()
 
         async def release() -> None:
             await self.release.wait()
             for request in held.values():
-                out.put_nowait(self._place(request))
+                out.put_nowait(pb.PlacementBatch(placements=[self._place(request)]))
             held.clear()
 
         async def write() -> None:
             while True:
-                await context.write(pb.PlacementBatch(placements=[await out.get()]))
+                await context.write(await out.get())
 
         tasks = [asyncio.create_task(t()) for t in (consume, release, write)]
         breaking = asyncio.create_task(breaker.wait())
         await asyncio.wait({tasks[0], breaking}, return_when=asyncio.FIRST_COMPLETED)
         for task in (*tasks, breaking):
             task.cancel()
+        self._outs.remove(out)
         self.admits_cancelled.extend(held)
         self.changes.notify()
         if breaker.is_set():

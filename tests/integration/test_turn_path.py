@@ -165,3 +165,39 @@ async def test_models_are_listed_from_the_scheduler(stack: LocalStack) -> None:
     async with asyncio.timeout(10), client(stack) as c:
         models = await c.models.list()
     assert [m.id for m in models.data] == [SIM_MODEL]
+
+
+async def _metric(url: str, name: str) -> float:
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        text = await resp.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+async def test_runs_on_open_engines_are_placed_by_the_dataplane_and_counted_by_the_scheduler(
+    stack: LocalStack,
+) -> None:
+    dp_metrics = stack.base_url.removesuffix("/v1") + "/metrics"
+    sched_metrics = stack.status_url.removesuffix("/status") + "/metrics"
+    before = await _metric(dp_metrics, "luftpause_dataplane_placed_locally_total")
+    reported = await _metric(sched_metrics, "luftpause_turns_placed_by_dataplane_total")
+    st = await status(stack)
+    assert all(r["open"] for r in st["replicas"]) and st["turns_in_flight"] == 0
+    async with asyncio.timeout(60), client(stack) as c:
+        # Fresh runs (no run id): the first turn of each is placed by the dataplane, spread
+        # over both engines by its own turns in flight; the continuations follow their run.
+        results = await asyncio.gather(*(_tool_run(c, f"Lake {i}?") for i in range(6)))
+    assert all(len(f) == 3 and len(set(f)) == 1 for f, _ in results)
+    assert {f[0] for f, _ in results} == {"engine-0", "engine-1"}
+    placed = await _metric(dp_metrics, "luftpause_dataplane_placed_locally_total") - before
+    assert placed == 18
+    st = await wait_for_status(
+        stack.status_url, lambda s: s["turns_in_flight"] == 0 and s["held_total"] == 0, 5.0
+    )
+    assert await _metric(sched_metrics, "luftpause_turns_placed_by_dataplane_total") == (
+        reported + 18
+    )
+    assert all(r["in_flight"] == 0 for r in st["replicas"])

@@ -1,7 +1,9 @@
 """Hypothesis stateful test of the decision core's invariants.
 
-Random sequences of admits, turn ends (finished, failed, abandoned), abandoned held turns,
-probes, run ends, ticks, resyncs and dataplane disconnects. After every step:
+Random sequences of admits, turns a dataplane placed itself on an open replica (as the rule
+says, or on one that closed since it last heard), turn ends (finished, failed, abandoned),
+abandoned held turns, probes, run ends, ticks, resyncs and dataplane disconnects. After every
+step:
 
 - never over capacity: a capped replica that received a turn holds at most its cap; a
   preemptive one ("c") may take interactive turns beyond it, but never more interactive turns
@@ -17,7 +19,9 @@ probes, run ends, ticks, resyncs and dataplane disconnects. After every step:
 - after a Resync, the runs and turns the dataplane reported are what the scheduler holds;
 - a dataplane gone past its grace period has no turns left in flight;
 - derived counters and indexes (in flight per replica and per caller, headroom, the queue each
-  held turn sits in) equal what the turns and runs themselves say.
+  held turn sits in) equal what the turns and runs themselves say; turns placed by a dataplane
+  on a replica that closed meanwhile are counted like any other (and only they may exceed a cap);
+- the open-replica version moves whenever the set of open replicas changes.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ from luftpause.scheduler.core.model import (
     State,
     draft,
 )
-from luftpause.scheduler.core.placement import choose_replica, count_room
+from luftpause.scheduler.core.placement import choose_replica, count_room, open_replicas
 from luftpause.scheduler.core.queues import bucket_of
 
 REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
@@ -105,10 +109,20 @@ class CoreMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.turn_no = 0
         self.gone_since: dict[str, float] = {}
+        # What the dataplanes last heard was open: it may lag the state by a few steps.
+        self.heard_open: tuple[str, ...] = ()
 
     def step(self, event: Event) -> tuple[Action, ...]:
         before = self.state
         self.state, actions = decide(before, event)
+        opened = {r.id for r in open_replicas(self.state)}
+        if opened != {r.id for r in open_replicas(before)}:
+            assert self.state.open_version != before.open_version, "open set changed silently"
+        if isinstance(event, Admit) and event.placed_on:
+            # Its own Place is the record of where it went, not a decision to check.
+            actions = tuple(
+                a for a in actions if not (isinstance(a, Place) and a.turn_id == event.turn_id)
+            )
         self.check_placements(before, event, actions)
         return actions
 
@@ -189,6 +203,54 @@ class CoreMachine(RuleBasedStateMachine):
                 dataplane=dataplane,
             )
         )
+
+    @rule(
+        run=st.sampled_from(RUNS),
+        caller=st.sampled_from(CALLERS),
+        batch=st.booleans(),
+        model=st.sampled_from(["m1", "m2"]),
+        dataplane=st.sampled_from(DATAPLANES),
+        stale=st.booleans(),
+    )
+    def place_locally(
+        self, run: str, caller: str, batch: bool, model: str, dataplane: str, stale: bool
+    ) -> None:
+        """A dataplane places a turn itself: on what is open now, or on what it heard before."""
+        if stale:
+            candidates = [r for r in self.heard_open if model in REPLICAS[r]]
+        else:
+            candidates = [r.id for r in open_replicas(self.state) if model in r.models]
+            self.heard_open = tuple(r.id for r in open_replicas(self.state))
+        known = self.state.runs.get(run)
+        if known is not None and known.replica:
+            if known.replica not in candidates:
+                return  # its own run, last elsewhere: the dataplane asks instead
+            target = known.replica
+        elif candidates:
+            target = min(candidates, key=lambda r: (self.state.replicas[r].in_flight, r))
+        else:
+            return
+        before = self.state
+        self.turn_no += 1
+        turn_id = f"t{self.turn_no}"
+        self.step(
+            Admit(
+                at=self.now,
+                turn_id=turn_id,
+                run_id=run,
+                model=model,
+                service_class=ServiceClass.BATCH if batch else ServiceClass.INTERACTIVE,
+                caller=caller,
+                dataplane=dataplane,
+                placed_on=target,
+            )
+        )
+        turn = self.state.turns[turn_id]
+        assert turn.replica == target, "a reported placement was not recorded where it went"
+        if not stale:
+            assert self.state.replicas[target].cap is None
+            if known is not None and known.pinned:
+                assert before.replicas[known.replica].healthy
 
     @rule(run=st.sampled_from(RUNS), caller=st.sampled_from(CALLERS))
     def admit_interactive(self, run: str, caller: str) -> None:

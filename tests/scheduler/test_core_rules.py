@@ -20,6 +20,7 @@ from luftpause.scheduler.core.events import (
     TurnSnapshot,
 )
 from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.placement import open_replicas
 from luftpause.scheduler.core.status import status_view
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 
@@ -382,3 +383,69 @@ def test_our_turns_beyond_the_cap_queueing_do_not_lower_it() -> None:
     assert state.replicas["p"].cap == 2
     state = probe(state, "p", 2, 2)  # one more than ours beyond the cap: the cap was high
     assert state.replicas["p"].cap == 2  # never below what runs
+
+
+# --- open replicas and turns placed by a dataplane ------------------------------------------
+
+
+def local(state: State, turn: str, run: str, on: str, *, model: str = MODEL) -> State:
+    state, actions = decide(
+        state, Admit(at=1.0, turn_id=turn, run_id=run, model=model, placed_on=on, dataplane="d")
+    )
+    assert placed(actions) == ({turn: on} if turn in state.turns else {})
+    return state
+
+
+def test_open_replicas_are_the_healthy_uncapped_generative_ones() -> None:
+    state = initial_state(
+        [endpoint("a"), endpoint("b"), endpoint("s", kind=EndpointKind.SINGLE_PASS)]
+    )
+    assert open_replicas(state) == ()
+    version = state.open_version
+    for rid in ("a", "b", "s"):
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=rid, healthy=True))
+    assert [r.id for r in open_replicas(state)] == ["a", "b"]
+    assert state.open_version > version
+    version = state.open_version
+    state = cap(state, "a", running=2)
+    assert [r.id for r in open_replicas(state)] == ["b"] and state.open_version > version
+    version = state.open_version
+    state, _ = admit(state, "t1", "r1")  # placements leave the open set alone
+    assert state.open_version == version
+    state, _ = decide(state, ProbeResult(at=0.0, replica_id="b", healthy=False))
+    assert open_replicas(state) == () and state.open_version > version
+
+
+def test_a_turn_placed_by_its_dataplane_is_counted_where_it_went() -> None:
+    state = local(pool("a", "b"), "t1", "r1", on="b")
+    assert state.turns["t1"].replica == "b" and state.turns["t1"].dataplane == "d"
+    assert state.replicas["b"].in_flight == 1 and state.caller_in_flight[""] == 1
+    assert state.runs["r1"].replica == "b" and state.runs["r1"].phase is Phase.GENERATING
+    state, _ = finish(state, "t1", tool_calls=True)
+    state, actions = admit(state, "t2", "r1")
+    assert placed(actions) == {"t2": "b"}  # the run is pinned where its dataplane sent it
+
+
+def test_a_turn_placed_on_a_replica_that_closed_meanwhile_is_counted_over_its_cap() -> None:
+    state = cap(pool("a"), "a", running=1)
+    state, _ = admit(state, "t1", "r1")
+    state = local(state, "t2", "r2", on="a")
+    assert state.replicas["a"].in_flight == 2 and state.replicas["a"].cap == 1
+    state, actions = admit(state, "t3", "r3")
+    assert placed(actions) == {} and "t3" in state.held
+    state, actions = finish(state, "t1")
+    assert placed(actions) == {}  # still at its cap: t2 holds the slot t1 freed
+    state, actions = finish(state, "t2")
+    assert placed(actions) == {"t3": "a"}
+
+
+def test_a_placement_reported_twice_or_on_an_unknown_replica_changes_nothing() -> None:
+    state = local(pool("a"), "t1", "r1", on="a")
+    again, actions = decide(
+        state, Admit(at=1.0, turn_id="t1", run_id="r1", model=MODEL, placed_on="a")
+    )
+    assert placed(actions) == {"t1": "a"} and again.replicas["a"].in_flight == 1
+    for on, model in (("nowhere", MODEL), ("a", "other-model")):
+        after = local(state, "t2", "r2", on=on, model=model)
+        assert "t2" not in after.turns and "t2" not in after.held
+        assert after.replicas["a"].in_flight == 1

@@ -88,9 +88,9 @@ async def until(predicate: Callable[[], bool]) -> None:
 
 
 async def ended(call: Any) -> None:
-    """Close the writing side; the scheduler ends the stream with nothing more to say."""
+    """Close the writing side; the scheduler ends the stream with no more placements."""
     await call.done_writing()
-    assert [batch async for batch in call] == []
+    assert [batch.placements async for batch in call if batch.placements] == []
 
 
 async def placements(call: Any, count: int) -> dict[str, pb.Placement]:
@@ -183,3 +183,53 @@ async def test_an_admission_sent_again_on_a_new_session_is_placed_there(
         got = await placements(new, 1)
         await new.done_writing()
     assert got["t1"].placed.replica_id == "gen"
+
+
+def open_ids(batch: pb.PlacementBatch) -> list[str]:
+    return [r.replica_id for r in batch.open.replicas]
+
+
+async def test_session_opens_with_the_open_replicas_and_follows_their_changes(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    host, stub = served
+    call = session(stub)
+    async with asyncio.timeout(5):
+        first = await call.read()
+        assert first.HasField("open") and open_ids(first) == ["gen"]  # single-pass never open
+        assert list(first.open.replicas[0].models) == ["llm"]
+        assert first.open.replicas[0].replica_url == "http://gen:1"
+        assert not first.open.replicas[0].HasField("interactive_priority")
+        host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=True, running=2, waiting=3))
+        closed = await call.read()
+        assert closed.HasField("open") and open_ids(closed) == []
+        host.apply(ProbeResult(at=host.now(), replica_id="gen", healthy=True, running=0, waiting=0))
+        assert open_ids(await call.read()) == ["gen"]
+        await call.done_writing()
+
+
+async def test_turn_placed_by_the_dataplane_is_recorded_and_not_answered(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    host, stub = served
+    call = session(stub)
+    local = pb.DataplaneItem(
+        admit=pb.AdmitRequest(
+            turn_id="t1", run_id="r", model="llm", dataplane_id="dp-7", placed_replica_id="gen"
+        )
+    )
+    async with asyncio.timeout(5):
+        await call.read()  # the open replicas
+        await send(call, local, admit_item("t2", run="r2"))
+        got = await placements(call, 1)
+        assert list(got) == ["t2"]  # the asked-for one only
+        turn = host.state.turns["t1"]
+        assert (turn.replica, turn.dataplane, host.state.runs["r"].replica) == (
+            "gen",
+            "dp-7",
+            "gen",
+        )
+        assert host.state.replicas["gen"].in_flight == 2
+        assert host.metrics.placed_by_dataplane._value.get() == 1
+        await call.done_writing()
+        assert await call.read() == grpc.aio.EOF

@@ -28,7 +28,7 @@ RUN_PHASE_GENERATING: RunPhase
 RUN_PHASE_TOOL_PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class AdmitRequest(_message.Message):
     CALLER_FIELD_NUMBER: _ClassVar[int]
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
+    PLACED_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -43,7 +44,8 @@ class AdmitRequest(_message.Message):
     caller: str
     dataplane_id: str
     single_pass: bool
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ...) -> None: ...
+    placed_replica_id: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority")
@@ -153,11 +155,33 @@ class Refusal(_message.Message):
     message: str
     def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class OpenReplica(_message.Message):
+    __slots__ = ("replica_id", "replica_url", "models", "interactive_priority", "batch_priority")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_URL_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    INTERACTIVE_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    replica_url: str
+    models: _containers.RepeatedScalarFieldContainer[str]
+    interactive_priority: int
+    batch_priority: int
+    def __init__(self, replica_id: _Optional[str] = ..., replica_url: _Optional[str] = ..., models: _Optional[_Iterable[str]] = ..., interactive_priority: _Optional[int] = ..., batch_priority: _Optional[int] = ...) -> None: ...
+
+class OpenReplicas(_message.Message):
+    __slots__ = ("replicas",)
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[OpenReplica]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[OpenReplica, _Mapping]]] = ...) -> None: ...
+
 class PlacementBatch(_message.Message):
-    __slots__ = ("placements",)
+    __slots__ = ("placements", "open")
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FIELD_NUMBER: _ClassVar[int]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
-    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ...) -> None: ...
+    open: OpenReplicas
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., open: _Optional[_Union[OpenReplicas, _Mapping]] = ...) -> None: ...
 
 class RunSnapshot(_message.Message):
     __slots__ = ("run_id", "replica_id", "phase", "service_class", "caller", "idle_seconds")

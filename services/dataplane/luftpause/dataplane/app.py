@@ -81,10 +81,13 @@ def build_app(
     transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
     reconnect_delay: float = RECONNECT_SECONDS,
     token: bytes | None = None,
+    local_placement: bool = True,
 ) -> web.Application:
     """The app; the link and the engine transport open on startup and close on cleanup.
 
     With `token`, every route but `/health` and `/metrics` needs `Authorization: Bearer`.
+    Without `local_placement`, every turn waits for the scheduler's placement, open replicas
+    or not.
     """
     runs = RunTable()
     guards = [error_middleware, *([auth_middleware(token)] if token else []), identity_middleware]
@@ -102,6 +105,7 @@ def build_app(
             memory=ToolCallMemory(),
             api_keys=dict(api_keys or {}),
             max_body_bytes=max_body_bytes,
+            local_placement=local_placement,
         )
         app[DATAPLANE] = dp
         link.start()

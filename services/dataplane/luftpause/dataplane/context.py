@@ -36,6 +36,8 @@ class Dataplane:
     metrics: Metrics = field(default_factory=Metrics)
     api_keys: Mapping[str, str] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Place turns on open replicas without asking the scheduler (see `local`).
+    local_placement: bool = True
     clock: Callable[[], float] = time.monotonic
     # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique
     # across dataplanes and restarts as uuid4s are, without a getrandom call per turn.

@@ -22,6 +22,12 @@ turn id, until a placement or a refusal for it arrives, through any number of se
 scheduler drops a stream's held turns when the stream ends, and placing a turn twice under one
 id gives the same replica). Cancelling `admit` forgets it here; the turn's `abandoned` event,
 on the same ordered stream, withdraws it at the scheduler.
+
+The scheduler also sends, first on every stream and whenever it changes, the list of open
+replicas (see `local`). The link keeps the newest list while the session is up and forgets it
+the moment the session breaks: with the scheduler out of reach every turn waits, as before.
+A turn placed on an open replica is reported with `placed` as an admission that names its
+replica, sent within a few milliseconds and always before the turn's own events.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ import structlog
 
 from luftpause.dataplane import wire
 from luftpause.dataplane.errors import ModelNotFound, SchedulerError, SchedulerUnavailable
+from luftpause.dataplane.local import OpenReplica, by_model
 from luftpause.dataplane.runs import RunTable
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
@@ -50,6 +57,9 @@ CLOSE_TIMEOUT_SECONDS = 2.0
 MAX_ITEMS_PER_WRITE = 512
 # How long an event that changes no decision may wait for company before it is sent alone.
 LAZY_FLUSH_SECONDS = 0.5
+# How long a turn placed on an open replica may go unreported (the scheduler's counts lag by
+# this much at most; its probes see the engine every 2 s).
+PLACED_FLUSH_SECONDS = 0.005
 _LAZY = frozenset({"started", "first_token"})
 _WAKE = pb.DataplaneItem()  # wakes the writer to send the lazy events; never sent itself
 
@@ -87,6 +97,7 @@ class SchedulerLink:
         self._waiting: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
         self._lazy: list[pb.DataplaneItem] = []
         self._lazy_timer: asyncio.TimerHandle | None = None
+        self._open: dict[str, tuple[OpenReplica, ...]] = {}
         self._closing = False
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
@@ -129,13 +140,33 @@ class SchedulerLink:
         """
         item = pb.DataplaneItem(event=event)
         if event.WhichOneof("kind") in _LAZY:
-            self._lazy.append(item)
-            if self._lazy_timer is None:
-                self._lazy_timer = asyncio.get_running_loop().call_later(
-                    LAZY_FLUSH_SECONDS, self._flush_lazy
-                )
+            self._defer(item, LAZY_FLUSH_SECONDS)
             return
         self._queue.put_nowait(item)
+
+    def _defer(self, item: pb.DataplaneItem, within: float) -> None:
+        """Send `item` with the next write, and in `within` seconds at the latest."""
+        self._lazy.append(item)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + within
+        timer = self._lazy_timer
+        if timer is not None:
+            if timer.when() <= due:
+                return
+            timer.cancel()
+        self._lazy_timer = loop.call_at(due, self._flush_lazy)
+
+    def open_for(self, model: str) -> tuple[OpenReplica, ...]:
+        """The open replicas serving `model`, as the scheduler last said; none while down."""
+        return self._open.get(model, ())
+
+    def placed(self, request: pb.AdmitRequest) -> None:
+        """Report a turn this dataplane placed itself (`placed_replica_id` set); never blocks.
+
+        The report waits up to `PLACED_FLUSH_SECONDS` for company (the turn's own end, for a
+        short one), so its stream write does not compete with the turn's request to the engine.
+        """
+        self._defer(pb.DataplaneItem(admit=request), PLACED_FLUSH_SECONDS)
 
     def _flush_lazy(self) -> None:
         self._lazy_timer = None
@@ -206,6 +237,7 @@ class SchedulerLink:
             await self._until_broken(call)
         finally:
             self._ready.clear()
+            self._open = {}
             call.cancel()
             if self._waiting and not self._closing:
                 log.warning("scheduler link down: holding turns", held=len(self._waiting))
@@ -246,6 +278,8 @@ class SchedulerLink:
 
     async def _read(self, call: _SessionCall) -> None:
         async for batch in call:
+            if batch.HasField("open"):
+                self._open = by_model(open_replica(r) for r in batch.open.replicas)
             for placement in batch.placements:
                 self._resolve(placement)
         if not self._closing:
@@ -274,3 +308,15 @@ class SchedulerLink:
         if self._closing:
             self._queue.put_nowait(None)
         return dropped
+
+
+def open_replica(message: pb.OpenReplica) -> OpenReplica:
+    return OpenReplica(
+        replica_id=message.replica_id,
+        url=message.replica_url,
+        models=frozenset(message.models),
+        interactive_priority=(
+            message.interactive_priority if message.HasField("interactive_priority") else None
+        ),
+        batch_priority=message.batch_priority if message.HasField("batch_priority") else None,
+    )

@@ -41,6 +41,13 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
         "--id", dest="dataplane_id", default=f"{socket.gethostname()}-{os.getpid()}"
     )
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--no-local-placement",
+        dest="local_placement",
+        action="store_false",
+        help="ask the scheduler for every turn, even when a replica is open (uncapped); "
+        "for deployments that spread one run's turns across several dataplanes",
+    )
     return parser.parse_args(argv)
 
 
@@ -66,6 +73,7 @@ async def serve(
         api_keys=api_keys,
         max_body_bytes=args.max_body_bytes,
         token=token,
+        local_placement=args.local_placement,
     )
     runner, port = await start_server(app, args.host, args.port)
     log.info(
@@ -76,6 +84,7 @@ async def serve(
         dataplane_id=args.dataplane_id,
         engine_keys=sorted(api_keys),
         auth=token is not None,
+        local_placement=args.local_placement,
     )
     try:
         await stop.wait()

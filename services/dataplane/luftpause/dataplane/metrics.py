@@ -48,6 +48,12 @@ class Metrics:
             registry=self.registry,
         )
         self._ttfb = {cls: ttfb.labels(cls.name.lower()) for cls in ServiceClass}
+        self.placed_locally = Counter(
+            "luftpause_dataplane_placed_locally",
+            "Turns placed on an open replica by this dataplane itself, without a round trip "
+            "to the scheduler (the rest were placed by the scheduler).",
+            registry=self.registry,
+        )
 
     def turn(
         self, service_class: ServiceClass, outcome: str, request_bytes: int, response_bytes: int

@@ -2,8 +2,9 @@
 
 Shell module, kept thin: the decisions live in `identity`, `forwarding`, `sse`, `reply`, and the
 bookkeeping in `turn`. Per turn: read and check the body, resolve the run, class and caller,
-Admit (held until placed), report started, send the client's bytes to the replica, relay the
-reply's bytes unchanged while observing it, report the end.
+place it (on an open replica by `local`'s rule, reported; else Admit, held until placed), report
+started, send the client's bytes to the replica, relay the reply's bytes unchanged while
+observing it, report the end.
 
 `started` is reported right before the request goes to the engine: after the Admit reply and
 the check that the client is still there. So it precedes every outcome (a refused connection
@@ -46,6 +47,7 @@ from luftpause.dataplane.forwarding import (
     with_priority,
 )
 from luftpause.dataplane.identity import cut_caller, echoed_tool_call_ids, parse_service_class
+from luftpause.dataplane.local import choose_open
 from luftpause.dataplane.middleware import json_error
 from luftpause.dataplane.reply import summarize_completion
 from luftpause.dataplane.sse import SseObserver
@@ -62,12 +64,14 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     arrived = time.perf_counter()
     dp = request.app[DATAPLANE]
     run_id = request.headers.get(RUN_ID_HEADER, "").strip()
+    fresh = False
     try:
         body = await read_body(request, dp.max_body_bytes)
         model, messages = parse_turn_body(body)
         if not run_id:
             run_id = dp.memory.recognise(echoed_tool_call_ids(messages), dp.clock()) or ""
-        run_id = run_id or uuid4().hex
+        if not run_id:
+            run_id, fresh = uuid4().hex, True
         service_class = parse_service_class(request.headers.get(CLASS_HEADER))
     except DataplaneError as exc:
         return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex)
@@ -80,7 +84,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         request_bytes=len(body),
     )
     try:
-        return await _admit_and_proxy(request, dp, turn, body, arrived)
+        return await _admit_and_proxy(request, dp, turn, body, arrived, fresh)
     finally:
         turn.close(CLIENT_GONE)
 
@@ -97,7 +101,7 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 async def _admit_and_proxy(
-    request: web.Request, dp: Dataplane, turn: Turn, body: bytes, arrived: float
+    request: web.Request, dp: Dataplane, turn: Turn, body: bytes, arrived: float, fresh: bool
 ) -> web.StreamResponse:
     admit = wire.admit_request(
         turn_id=turn.turn_id,
@@ -107,26 +111,45 @@ async def _admit_and_proxy(
         caller=turn.caller,
         dataplane_id=dp.dataplane_id,
     )
-    try:
-        reply = await dp.link.admit(admit)
-    except (ModelNotFound, SchedulerError) as exc:
-        turn.rejected()
-        return json_error(exc.status, exc.message, run_id=turn.run_id)
-    turn.placed(reply.replica_id)
-    if request.transport is None or request.transport.is_closing():
-        turn.failed(CLIENT_GONE)  # placed as the client left: free the slot, send nothing
-        return web.Response(status=499)
-    url = reply.replica_url.rstrip("/") + "/v1/chat/completions"
-    headers = upstream_headers(request.headers.items(), dp.api_keys.get(reply.replica_id, ""))
-    if reply.HasField("engine_priority"):
-        body = with_priority(body, reply.engine_priority)
+    runs = dp.runs
+    local = None
+    if dp.local_placement:
+        local = choose_open(
+            dp.link.open_for(turn.model),
+            run=runs.runs.get(turn.run_id),
+            fresh=fresh,
+            load=runs.load,
+        )
+    if local is not None:
+        replica_id, replica_url = local.replica_id, local.url
+        priority = local.engine_priority(turn.service_class)
+        admit.placed_replica_id = replica_id
+        dp.link.placed(admit)
+        dp.metrics.placed_locally.inc()
+    else:
+        try:
+            reply = await dp.link.admit(admit)
+        except (ModelNotFound, SchedulerError) as exc:
+            turn.rejected()
+            return json_error(exc.status, exc.message, run_id=turn.run_id)
+        if request.transport is None or request.transport.is_closing():
+            turn.placed(reply.replica_id)
+            turn.failed(CLIENT_GONE)  # placed as the client left: free the slot, send nothing
+            return web.Response(status=499)
+        replica_id, replica_url = reply.replica_id, reply.replica_url
+        priority = reply.engine_priority if reply.HasField("engine_priority") else None
+    turn.placed(replica_id)
+    url = replica_url.rstrip("/") + "/v1/chat/completions"
+    headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
+    if priority is not None:
+        body = with_priority(body, priority)
     turn.started()
     try:
         engine = await dp.transport.send(url, headers, body)
     except EngineUnreachable as exc:
-        log.warning("engine unreachable", replica=reply.replica_id, url=url, error=exc.message)
+        log.warning("engine unreachable", replica=replica_id, url=url, error=exc.message)
         turn.failed(f"engine unreachable: {exc.message}")
-        return json_error(502, f"engine {reply.replica_id}: {exc.message}", run_id=turn.run_id)
+        return json_error(502, f"engine {replica_id}: {exc.message}", run_id=turn.run_id)
     try:
         if not 200 <= engine.status < 300:
             return await _relay_refusal(turn, engine)

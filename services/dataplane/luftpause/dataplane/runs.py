@@ -72,16 +72,21 @@ class Snapshot:
 class RunTable:
     """Runs by id and turns in flight by id, updated as turns go."""
 
-    __slots__ = ("idle_limit", "runs", "turns")
+    __slots__ = ("idle_limit", "load", "runs", "turns")
 
     def __init__(self, idle_limit: float = RUN_IDLE_SECONDS) -> None:
         self.idle_limit = idle_limit
         self.runs: dict[str, RunRecord] = {}
         self.turns: dict[str, TurnRecord] = {}
+        # Replica id -> turns of ours in flight there (no entry for none).
+        self.load: dict[str, int] = {}
 
     def turn_placed(self, turn: TurnRecord, now: float) -> None:
         """The scheduler placed `turn`: its run is generating on that replica."""
+        if turn.turn_id in self.turns:
+            raise ValueError(f"turn {turn.turn_id} is already placed")
         self.turns[turn.turn_id] = turn
+        self.load[turn.replica_id] = self.load.get(turn.replica_id, 0) + 1
         old = self.runs.get(turn.run_id)
         self.runs[turn.run_id] = RunRecord(
             run_id=turn.run_id,
@@ -96,7 +101,12 @@ class RunTable:
     def turn_ended(self, turn_id: str, *, tool_paused: bool, now: float) -> None:
         """A turn finished (paused on a tool or not) or failed."""
         turn = self.turns.pop(turn_id, None)
-        run = self.runs.get(turn.run_id) if turn else None
+        if turn is None:
+            return
+        left = self.load.pop(turn.replica_id) - 1
+        if left:
+            self.load[turn.replica_id] = left
+        run = self.runs.get(turn.run_id)
         if run is None:
             return
         in_flight = max(run.in_flight - 1, 0)

@@ -71,15 +71,25 @@ class SchedulerHost:
         self.metrics = metrics or SchedulerMetrics()
         self.metrics.bind(self)
         self._waiters: dict[str, _Waiters] = {}
+        self._open_version = self.state.open_version
+        self._open_listeners: list[Callable[[State], None]] = []
 
     def now(self) -> float:
         return self.clock()
+
+    def on_open_changed(self, listener: Callable[[State], None]) -> None:
+        """Call `listener(state)` after every event that may have changed the open replicas."""
+        self._open_listeners.append(listener)
 
     def apply(self, event: Event) -> tuple[Action, ...]:
         """Feed one event to the core and carry out its actions."""
         self.state, actions = decide(self.state, event)
         for action in actions:
             self._act(action)
+        if self.state.open_version != self._open_version:
+            self._open_version = self.state.open_version
+            for listener in self._open_listeners:
+                listener(self.state)
         return actions
 
     def _act(self, action: Action) -> None:

@@ -92,6 +92,11 @@ class SchedulerMetrics:
             ["class"],
             registry=self.registry,
         )
+        self.placed_by_dataplane = Counter(
+            "luftpause_turns_placed_by_dataplane",
+            "Turns a dataplane placed itself on an open replica and reported",
+            registry=self.registry,
+        )
         self.expired = Counter(
             "luftpause_turns_expired",
             "Turns dropped after the turn timeout",

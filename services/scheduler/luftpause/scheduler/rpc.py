@@ -19,6 +19,7 @@ from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
 from luftpause.scheduler.core import events as e
 from luftpause.scheduler.core import model as m
+from luftpause.scheduler.core.placement import open_replicas
 from luftpause.scheduler.core.status import status_view
 from luftpause.scheduler.host import SchedulerHost, TurnRejected
 
@@ -144,6 +145,20 @@ def status_reply(host: SchedulerHost) -> pb.StatusReply:
     return reply
 
 
+def open_message(state: m.State) -> pb.OpenReplicas:
+    """The open replicas, as the dataplanes are told them."""
+    message = pb.OpenReplicas()
+    for replica in open_replicas(state):
+        message.replicas.add(
+            replica_id=replica.id,
+            replica_url=replica.url,
+            models=sorted(replica.models),
+            interactive_priority=replica.engine_priority(m.ServiceClass.INTERACTIVE),
+            batch_priority=replica.engine_priority(m.ServiceClass.BATCH),
+        )
+    return message
+
+
 def _missing_fields(request: pb.AdmitRequest) -> bool:
     return not request.turn_id or not request.model or not (request.run_id or request.single_pass)
 
@@ -158,6 +173,7 @@ def _admit_event(host: SchedulerHost, request: pb.AdmitRequest) -> e.Admit:
         caller=request.caller,
         dataplane=request.dataplane_id,
         single_pass=request.single_pass,
+        placed_on="" if request.single_pass else request.placed_replica_id,
     )
 
 
@@ -176,15 +192,24 @@ class _Session:
 
     Every admission waits on a host future like a unary Admit does; when it resolves, its
     placement joins the outgoing queue, and one writer task sends whatever is queued as one
-    message. Closing gives up the admissions still held, exactly as cancelled unary calls would.
+    message, with the newest list of open replicas if it changed meanwhile (the first message
+    of a stream always carries it). A turn the dataplane placed itself is applied and answered
+    with nothing. Closing gives up the admissions still held, exactly as cancelled unary calls
+    would.
     """
 
-    def __init__(self, host: SchedulerHost, context: grpc.aio.ServicerContext) -> None:
+    def __init__(
+        self, host: SchedulerHost, context: grpc.aio.ServicerContext, opened: pb.OpenReplicas
+    ) -> None:
         self._host = host
         self._context = context
         self._waiting: dict[str, tuple[asyncio.Future[e.Place], float]] = {}
-        self._out: asyncio.Queue[pb.Placement] = asyncio.Queue()
+        self._out: asyncio.Queue[pb.Placement | pb.OpenReplicas] = asyncio.Queue()
+        self._out.put_nowait(opened)
         self._writer = asyncio.create_task(self._write())
+
+    def send_open(self, opened: pb.OpenReplicas) -> None:
+        self._out.put_nowait(opened)
 
     def receive(self, batch: pb.DataplaneBatch) -> None:
         host = self._host
@@ -207,6 +232,10 @@ class _Session:
         if turn_id in self._waiting:
             return  # sent twice on this stream; the first admission still waits
         host = self._host
+        if request.placed_replica_id and not request.single_pass:
+            host.metrics.placed_by_dataplane.inc()
+            host.apply(_admit_event(host, request))
+            return
         fut = host.wait_for(turn_id)
         self._waiting[turn_id] = (fut, time.perf_counter())
         fut.add_done_callback(lambda f: self._resolved(turn_id, f))
@@ -232,9 +261,16 @@ class _Session:
     async def _write(self) -> None:
         out = self._out
         while True:
-            batch = pb.PlacementBatch(placements=[await out.get()])
-            while not out.empty():
-                batch.placements.append(out.get_nowait())
+            batch = pb.PlacementBatch()
+            item = await out.get()
+            while True:
+                if isinstance(item, pb.OpenReplicas):
+                    batch.open.CopyFrom(item)  # the newest list replaces any older one
+                else:
+                    batch.placements.append(item)
+                if out.empty():
+                    break
+                item = out.get_nowait()
             await self._context.write(batch)
 
     def close(self) -> None:
@@ -256,6 +292,17 @@ _MISSING = "turn_id, run_id and model are required"
 class SchedulerService(pb_grpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
+        self._sessions: set[_Session] = set()
+        self._open = open_message(host.state)
+        host.on_open_changed(self._publish_open)
+
+    def _publish_open(self, state: m.State) -> None:
+        opened = open_message(state)
+        if opened == self._open:
+            return
+        self._open = opened
+        for session in self._sessions:
+            session.send_open(opened)
 
     async def Admit(
         self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
@@ -281,12 +328,14 @@ class SchedulerService(pb_grpc.SchedulerServicer):
     ) -> None:
         host = self.host
         dataplane = dataplane_of(context)
-        session = _Session(host, context)
+        session = _Session(host, context, self._open)
+        self._sessions.add(session)
         host.apply(e.DataplaneConnected(at=host.now(), dataplane=dataplane))
         try:
             async for batch in request_iterator:
                 session.receive(batch)
         finally:
+            self._sessions.discard(session)
             session.close()
             host.apply(e.DataplaneDisconnected(at=host.now(), dataplane=dataplane))
             await session.drained()

@@ -151,13 +151,48 @@ def _admit(state: State, ev: Admit) -> Decision:
         return state, (again,)
     if ev.turn_id in state.held:
         return state, ()
+    if ev.placed_on:
+        return _placed_by_dataplane(state, ev)
     if not serves(state, ev.model, ev.single_pass):
         kind = "Single-pass" if ev.single_pass else "Generative"
         return state, (
             Reject(turn_id=ev.turn_id, message=f"no {kind} replica serves model '{ev.model}'"),
         )
-    bucket = queues.bucket_of(state, ev.run_id, ev.model, ev.single_pass)
-    held = HeldTurn(
+    held = _held(state, ev, queues.bucket_of(state, ev.run_id, ev.model, ev.single_pass))
+    state = put(state, next_seq=state.next_seq + 1)
+    replica = choose_replica(state, held)
+    if replica is None:
+        return queues.add(state, held), ()
+    # It fits now, so nothing else waits in its bucket and class (no held turn ever could be
+    # placed after a step): placing it at once is what a drain would do.
+    state, moved = _place(state, held, replica, ev.at, queued=False)
+    state, more = _drain(state, moved, ev.at)
+    first = _place_action(held.id, replica, held.service_class, 0.0)
+    return state, (first, *more)
+
+
+def _placed_by_dataplane(state: State, ev: Admit) -> Decision:
+    """Record a turn its dataplane already sent to an open replica.
+
+    The dataplane placed it by the rule this core would apply there, on what it last heard;
+    if the replica closed meanwhile the turn is still counted where it went (it may run over
+    the cap until it ends, as the engine queues it). A replica unknown here, single-pass, or not
+    serving the model cannot hold it in any count: nothing is recorded.
+    """
+    replica = state.replicas.get(ev.placed_on)
+    if replica is None or replica.kind is not EndpointKind.GENERATIVE:
+        return state, ()
+    if ev.model not in replica.models:
+        return state, ()
+    held = _held(state, ev, ("r", replica.id, ev.model))
+    state = put(state, next_seq=state.next_seq + 1)
+    state, moved = _place(state, held, replica, ev.at, queued=False)
+    state, more = _drain(state, moved, ev.at)
+    return state, (_place_action(held.id, replica, held.service_class, 0.0), *more)
+
+
+def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
+    return HeldTurn(
         id=ev.turn_id,
         run_id=ev.run_id,
         model=ev.model,
@@ -169,16 +204,6 @@ def _admit(state: State, ev: Admit) -> Decision:
         single_pass=ev.single_pass,
         bucket=bucket,
     )
-    state = put(state, next_seq=state.next_seq + 1)
-    replica = choose_replica(state, held)
-    if replica is None:
-        return queues.add(state, held), ()
-    # It fits now, so nothing else waits in its bucket and class (no held turn ever could be
-    # placed after a step): placing it at once is what a drain would do.
-    state, moved = _place(state, held, replica, ev.at, queued=False)
-    state, more = _drain(state, moved, ev.at)
-    first = _place_action(held.id, replica, held.service_class, 0.0)
-    return state, (first, *more)
 
 
 def _place_action(

@@ -15,7 +15,11 @@ from luftpause.scheduler.core.model import Phase, ServiceClass, _check_id
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Admit:
-    """A dataplane asks where a turn goes. `single_pass` turns never touch run state."""
+    """A dataplane asks where a turn goes. `single_pass` turns never touch run state.
+
+    With `placed_on` set, the dataplane already sent the turn to that open replica (see
+    `placement.is_open`): the core records the placement as it stands and answers nothing.
+    """
 
     at: float
     turn_id: str
@@ -25,11 +29,14 @@ class Admit:
     caller: str = ""
     dataplane: str = ""
     single_pass: bool = False
+    placed_on: str = ""
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.turn_id)
         if not self.single_pass:
             _check_id("run id", self.run_id)
+        if self.placed_on and self.single_pass:
+            raise ValueError("a single-pass turn is never placed by its dataplane")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -276,3 +276,6 @@ class State:
     dataplane_grace_s: float = DATAPLANE_GRACE_S
     # Strict run affinity (the default). Off only as a benchmark ablation: runs free to move.
     affinity: bool = True
+    # Bumped whenever the set of open replicas (`placement.is_open`) may have changed; the shell
+    # publishes the new set to the dataplanes when it sees a new value.
+    open_version: int = 0

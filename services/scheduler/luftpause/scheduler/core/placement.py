@@ -16,6 +16,11 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
    to preempt (fewer interactive turns in flight there than the cap).
 6. Among replicas with room, an idle run prefers its last replica (its prefix may still be
    cached), then the least loaded.
+
+An *open* replica (healthy, generative, uncapped) has room for every turn, so there rules 4 and
+5 never hold a turn back and only affinity and load choose. The dataplanes are told which
+replicas are open and place a new run, or a run of theirs last on an open replica, themselves;
+the core records such a placement as reported (`Admit.placed_on`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     return free > 0
 
 
+def is_open(replica: Replica) -> bool:
+    """Every turn fits on `replica` now: a dataplane may place turns there itself."""
+    return replica.healthy and replica.cap is None and replica.kind is EndpointKind.GENERATIVE
+
+
+def open_replicas(state: State) -> tuple[Replica, ...]:
+    """The open replicas, by id."""
+    return tuple(sorted((r for r in state.replicas.values() if is_open(r)), key=lambda r: r.id))
+
+
 def _fits(replica: Replica, service_class: ServiceClass) -> bool:
     return replica.healthy and has_room(replica, service_class)
 
@@ -62,7 +77,8 @@ def set_replica(state: State, new: Replica) -> State:
             for model in new.models:
                 key = (prefix, model, cls)
                 room = room.set(key, room.get(key, 0) + delta)
-    return put(state, replicas=state.replicas.set(new.id, new), room=room)
+    version = state.open_version + (is_open(new) != is_open(old))
+    return put(state, replicas=state.replicas.set(new.id, new), room=room, open_version=version)
 
 
 def count_room(state: State) -> State:
@@ -74,7 +90,7 @@ def count_room(state: State) -> State:
                 for model in replica.models:
                     key = (_prefix(replica), model, cls)
                     room[key] = room.get(key, 0) + 1
-    return put(state, room=immutables.Map(room))
+    return put(state, room=immutables.Map(room), open_version=state.open_version + 1)
 
 
 def bucket_fits(state: State, bucket: Bucket, cls: ServiceClass) -> bool:

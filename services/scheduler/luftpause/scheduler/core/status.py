@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.placement import is_open
 
 
 def status_view(state: State, now: float) -> dict[str, Any]:
@@ -27,6 +28,7 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "engine_waiting": r.engine_waiting,
             "paused_interactive": r.paused_interactive,
             "preemptive": r.preemptive,
+            "open": is_open(r),
         }
         for r in sorted(state.replicas.values(), key=lambda r: r.id)
     ]

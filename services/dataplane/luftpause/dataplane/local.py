@@ -1,0 +1,82 @@
+"""Placing a turn on an open replica without asking the scheduler: the rule and its inputs.
+
+Pure module: no I/O. The scheduler tells each dataplane which replicas are *open*: healthy,
+generative, and their engine reports no waiting queue, so every turn fits there and the
+scheduler's own rule comes down to affinity, then load. The dataplane applies that rule itself
+to the runs whose history it holds, and reports the placement on its Session stream; every other
+turn waits for the scheduler as before:
+
+- a run this dataplane started with this turn (no run id from the client, no echoed tool call
+  it knows): the open replica serving the model with the fewest of this dataplane's turns in
+  flight, then by id, as the scheduler picks (its count is ours plus other dataplanes');
+- a run in this dataplane's run table: its last replica, if that replica is open and serves the
+  model (the scheduler sends a pinned run there, and an idle one while it has room); otherwise
+  the scheduler decides (the run may have to wait, or move);
+- any other run (a client-chosen id this dataplane has not served): the scheduler decides,
+  since another dataplane may hold it.
+
+What the rule cannot see: a run another dataplane served since this one last did is known here
+by its old replica. Were that replica open, its turn goes there and the scheduler records the
+move. Deployments that spread one run's turns across several dataplanes should turn local
+placement off (`luftpause dataplane --no-local-placement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from luftpause.dataplane.identity import ServiceClass
+from luftpause.dataplane.runs import RunRecord
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenReplica:
+    """A replica any turn fits on now, as the scheduler last said."""
+
+    replica_id: str
+    url: str
+    models: frozenset[str]
+    interactive_priority: int | None = None
+    batch_priority: int | None = None
+
+    def engine_priority(self, service_class: ServiceClass) -> int | None:
+        """The `priority` a turn of `service_class` carries to this replica's engine."""
+        if service_class is ServiceClass.BATCH:
+            return self.batch_priority
+        return self.interactive_priority
+
+
+def by_model(replicas: Iterable[OpenReplica]) -> dict[str, tuple[OpenReplica, ...]]:
+    """Model -> the open replicas serving it, by id."""
+    index: dict[str, list[OpenReplica]] = {}
+    for replica in sorted(replicas, key=lambda r: r.replica_id):
+        for model in replica.models:
+            index.setdefault(model, []).append(replica)
+    return {model: tuple(rs) for model, rs in index.items()}
+
+
+def choose_open(
+    open_for_model: tuple[OpenReplica, ...],
+    *,
+    run: RunRecord | None,
+    fresh: bool,
+    load: Mapping[str, int],
+) -> OpenReplica | None:
+    """The open replica this dataplane may send the turn to itself, or None to ask.
+
+    `open_for_model`: the open replicas serving the turn's model; `run`: the run table's record
+    of the turn's run; `fresh`: the run id was made for this turn; `load`: this dataplane's
+    turns in flight per replica.
+    """
+    if not open_for_model:
+        return None
+    if run is not None:
+        return next((r for r in open_for_model if r.replica_id == run.replica_id), None)
+    if not fresh:
+        return None
+    return min(open_for_model, key=_load_key(load))
+
+
+def _load_key(load: Mapping[str, int]) -> Callable[[OpenReplica], tuple[int, str]]:
+    return lambda r: (load.get(r.replica_id, 0), r.replica_id)
