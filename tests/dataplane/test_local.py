@@ -9,9 +9,11 @@ import json
 
 import pytest
 
+from luftpause.dataplane import wire
 from luftpause.dataplane.identity import ServiceClass
+from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.local import OpenReplica, by_model, choose_open
-from luftpause.dataplane.runs import Phase, RunRecord
+from luftpause.dataplane.runs import Phase, RunRecord, RunTable
 from luftpause.rpc import scheduler_pb2 as pb
 from tests.dataplane.conftest import Stack, running_stack
 from tests.dataplane.fakes import MODEL
@@ -57,6 +59,20 @@ def test_open_replicas_are_indexed_by_model_in_id_order() -> None:
     index = by_model([replica("b", "x", "y"), replica("a", "x")])
     assert [r.replica_id for r in index["x"]] == ["a", "b"]
     assert [r.replica_id for r in index["y"]] == ["b"]
+
+
+async def test_the_end_of_a_turn_waits_briefly_only_on_an_open_replica() -> None:
+    link = SchedulerLink(target="127.0.0.1:1", dataplane_id="d", runs=RunTable())
+    link._set_open([A])
+    failed = wire.failed("t1", "r1", "engine gone")
+    link.report(failed, "a")
+    assert [i.event for i in link._lazy] == [failed] and link._queue.empty()
+    link.report(failed, "b")
+    link.report(wire.run_ended("r1"))
+    assert link._queue.qsize() == 2
+    link._set_open([])
+    link.report(failed, "a")
+    assert link._queue.qsize() == 3
 
 
 def open_engine(stack: Stack, **priorities: int) -> None:

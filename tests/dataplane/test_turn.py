@@ -29,7 +29,7 @@ class Recorder:
             service_class=ServiceClass.INTERACTIVE,
             caller="c",
             request_bytes=10,
-            report=self.events.append,
+            report=lambda event, _replica: self.events.append(event),
             runs=self.runs,
             memory=self.memory,
             metrics=Metrics(),

@@ -27,7 +27,8 @@ The scheduler also sends, first on every stream and whenever it changes, the lis
 replicas (see `local`). The link keeps the newest list while the session is up and forgets it
 the moment the session breaks: with the scheduler out of reach every turn waits, as before.
 A turn placed on an open replica is reported with `placed` as an admission that names its
-replica, sent within a few milliseconds and always before the turn's own events.
+replica, sent within a few milliseconds and always before the turn's own events; the end of a
+turn on an open replica waits as long at most (it frees nothing anyone waits for).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import grpc
@@ -57,8 +58,8 @@ CLOSE_TIMEOUT_SECONDS = 2.0
 MAX_ITEMS_PER_WRITE = 512
 # How long an event that changes no decision may wait for company before it is sent alone.
 LAZY_FLUSH_SECONDS = 0.5
-# How long a turn placed on an open replica may go unreported (the scheduler's counts lag by
-# this much at most; its probes see the engine every 2 s).
+# How long the placement or the end of a turn on an open replica may go unreported (the
+# scheduler's counts lag by this much at most; its probes see the engines every 2 s).
 PLACED_FLUSH_SECONDS = 0.005
 _LAZY = frozenset({"started", "first_token"})
 _WAKE = pb.DataplaneItem()  # wakes the writer to send the lazy events; never sent itself
@@ -98,6 +99,7 @@ class SchedulerLink:
         self._lazy: list[pb.DataplaneItem] = []
         self._lazy_timer: asyncio.TimerHandle | None = None
         self._open: dict[str, tuple[OpenReplica, ...]] = {}
+        self._open_ids: frozenset[str] = frozenset()
         self._closing = False
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
@@ -132,17 +134,22 @@ class SchedulerLink:
         if self._channel is not None:
             await self._channel.close()
 
-    def report(self, event: pb.TurnEvent) -> None:
-        """Queue an event for the Session stream; never blocks.
+    def report(self, event: pb.TurnEvent, replica_id: str = "") -> None:
+        """Queue an event of a turn on `replica_id` (if placed) for the stream; never blocks.
 
         `started` and `first_token` change no decision at the scheduler: they wait for the next
-        write (or `LAZY_FLUSH_SECONDS`) instead of costing a stream message each.
+        write (or `LAZY_FLUSH_SECONDS`) instead of costing a stream message each. The end of a
+        turn on an open replica frees no slot anyone waits for (nothing is held for an open
+        replica), so it waits `PLACED_FLUSH_SECONDS` at most, for company. Whatever waits goes
+        out ahead of the next write's other items, so the order of a turn's items holds.
         """
         item = pb.DataplaneItem(event=event)
         if event.WhichOneof("kind") in _LAZY:
             self._defer(item, LAZY_FLUSH_SECONDS)
-            return
-        self._queue.put_nowait(item)
+        elif replica_id and replica_id in self._open_ids:
+            self._defer(item, PLACED_FLUSH_SECONDS)
+        else:
+            self._queue.put_nowait(item)
 
     def _defer(self, item: pb.DataplaneItem, within: float) -> None:
         """Send `item` with the next write, and in `within` seconds at the latest."""
@@ -159,6 +166,10 @@ class SchedulerLink:
     def open_for(self, model: str) -> tuple[OpenReplica, ...]:
         """The open replicas serving `model`, as the scheduler last said; none while down."""
         return self._open.get(model, ())
+
+    def _set_open(self, replicas: Sequence[OpenReplica]) -> None:
+        self._open = by_model(replicas)
+        self._open_ids = frozenset(r.replica_id for r in replicas)
 
     def placed(self, request: pb.AdmitRequest) -> None:
         """Report a turn this dataplane placed itself (`placed_replica_id` set); never blocks.
@@ -237,7 +248,7 @@ class SchedulerLink:
             await self._until_broken(call)
         finally:
             self._ready.clear()
-            self._open = {}
+            self._set_open(())
             call.cancel()
             if self._waiting and not self._closing:
                 log.warning("scheduler link down: holding turns", held=len(self._waiting))
@@ -279,7 +290,7 @@ class SchedulerLink:
     async def _read(self, call: _SessionCall) -> None:
         async for batch in call:
             if batch.HasField("open"):
-                self._open = by_model(open_replica(r) for r in batch.open.replicas)
+                self._set_open([open_replica(r) for r in batch.open.replicas])
             for placement in batch.placements:
                 self._resolve(placement)
         if not self._closing:

@@ -70,7 +70,7 @@ class Turn:
         service_class: ServiceClass,
         caller: str,
         request_bytes: int,
-        report: Callable[[pb.TurnEvent], None],
+        report: Callable[[pb.TurnEvent, str], None],
         runs: RunTable,
         memory: ToolCallMemory,
         metrics: Metrics,
@@ -119,13 +119,13 @@ class Turn:
         """The request is going to the engine now."""
         self._expect(State.PLACED)
         self.state = State.STARTED
-        self._report(wire.started(self.turn_id, self.run_id))
+        self._report(wire.started(self.turn_id, self.run_id), self.replica_id)
 
     def first_token(self) -> None:
         """The engine sent its first token (reported once)."""
         if self.state is State.STARTED and not self._first_token_sent:
             self._first_token_sent = True
-            self._report(wire.first_token(self.turn_id, self.run_id))
+            self._report(wire.first_token(self.turn_id, self.run_id), self.replica_id)
 
     def finished(self, summary: ReplySummary) -> None:
         """The reply arrived whole; a reply with tool calls pauses the run."""
@@ -136,7 +136,7 @@ class Turn:
             if summary.tool_call_ids:
                 self._memory.remember(summary.tool_call_ids, self.run_id, now)
             self._runs.turn_ended(self.turn_id, tool_paused=summary.tool_calls, now=now)
-        self._report(wire.finished(self.turn_id, self.run_id, summary))
+        self._report(wire.finished(self.turn_id, self.run_id, summary), self.replica_id)
         self._count("finished")
 
     def failed(self, reason: str) -> None:
@@ -146,7 +146,7 @@ class Turn:
         self.state = State.ENDED
         if not self.single_pass:
             self._runs.turn_ended(self.turn_id, tool_paused=False, now=self._clock())
-        self._report(wire.failed(self.turn_id, self.run_id, reason))
+        self._report(wire.failed(self.turn_id, self.run_id, reason), self.replica_id)
         self._count("failed")
 
     def rejected(self) -> None:
@@ -158,7 +158,7 @@ class Turn:
         """End the turn if nothing else did: abandoned while held, failed once placed."""
         if self.state is State.HELD:
             self.state = State.ENDED
-            self._report(wire.abandoned(self.turn_id, self.run_id))
+            self._report(wire.abandoned(self.turn_id, self.run_id), self.replica_id)
             self._count("abandoned")
         elif self.state is not State.ENDED:
             self.failed(reason)

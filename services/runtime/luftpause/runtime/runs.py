@@ -325,14 +325,18 @@ class Runtime:
         )
 
     async def _ask(self, run: Run, call: m.ToolCall) -> bool:
-        """Wait for the user's answer about one call; journal it; return it."""
-        await self._apply(run, m.ApprovalAsked(call_id=call.id))
+        """Wait for the user's answer about one call; journal it; return it.
+
+        The approval is open before the run shows AwaitingApproval: a client that sees that
+        state while the journal write is still under way can answer at once.
+        """
         pending = Approval(call=call, answer=asyncio.get_running_loop().create_future())
         run.approval = pending
-        log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
-        for event in self._approval_waiters:
-            event.set()
         try:
+            await self._apply(run, m.ApprovalAsked(call_id=call.id))
+            log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
+            for event in self._approval_waiters:
+                event.set()
             allow = await pending.answer
             await self._apply(run, m.ApprovalDecided(call_id=call.id, allow=allow))
         finally:
