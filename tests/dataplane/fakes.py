@@ -61,6 +61,11 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         self.open: pb.OpenReplicas | None = None
         self._outs: list[asyncio.Queue[pb.PlacementBatch]] = []
 
+    def take(self, *run_ids: str) -> None:
+        """Tell every open Session that another dataplane took these runs."""
+        for out in self._outs:
+            out.put_nowait(pb.PlacementBatch(taken_runs=run_ids))
+
     def set_open(self, *replicas: pb.OpenReplica) -> None:
         """Tell every open Session (and later ones) which replicas are open."""
         self.open = pb.OpenReplicas(replicas=replicas)

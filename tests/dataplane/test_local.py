@@ -122,6 +122,24 @@ async def test_own_runs_are_placed_locally_and_a_client_named_unknown_run_is_ask
     assert asked["someone-elses"] == ""
 
 
+async def test_a_run_another_dataplane_took_is_forgotten_and_asked_for_again(
+    stack: Stack,
+) -> None:
+    open_engine(stack)
+    async with asyncio.timeout(10):
+        await until_open(stack)
+        _, headers, _ = await stack.post(stack.chat())
+        run_id = headers["x-luftpause-run-id"]
+        assert run_id in stack.dp.runs.runs
+        stack.scheduler.take(run_id)
+        while run_id in stack.dp.runs.runs:
+            await asyncio.sleep(0.01)
+        await stack.post(stack.chat(), **{"x-luftpause-run-id": run_id})
+        await stack.scheduler.changes.until(lambda: len(stack.scheduler.admits) == 2)
+    assert [a.placed_replica_id for a in stack.scheduler.admits] == ["engine-a", ""]
+    assert not [e for e in stack.scheduler.events if e.HasField("run_ended")]
+
+
 async def test_the_open_replica_priority_goes_to_the_engine(stack: Stack) -> None:
     open_engine(stack, interactive_priority=0, batch_priority=100)
     async with asyncio.timeout(10):

@@ -173,6 +173,51 @@ async def test_two_dataplanes_serve_runs_side_by_side(pool: Pool) -> None:
     assert st["held_total"] == 0
 
 
+async def _placed_locally(pool: Pool, dp: str) -> float:
+    url = f"http://127.0.0.1:{pool.ports[dp]}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as resp:
+        text = await resp.text()
+    name = "luftpause_dataplane_placed_locally_total"
+    [line] = [x for x in text.splitlines() if x.startswith(name)]
+    return float(line.split()[-1])
+
+
+async def test_a_run_whose_turns_hop_between_dataplanes_is_asked_for_by_the_one_it_left(
+    pool: Pool,
+) -> None:
+    """Turns 1 and 3 of the run come through dp-a, turn 2 through dp-b. When dp-b's turn is
+    placed, dp-a is told to forget the run, so turn 3 is asked for, not placed by dp-a on the
+    replica it last saw; every turn lands on the run's replica."""
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+            },
+        }
+    ]
+    before = await _placed_locally(pool, "dp-a")
+    messages: list[Any] = [{"role": "user", "content": "hop"}]
+    seen = []
+    async with asyncio.timeout(60):
+        for dp in ("dp-a", "dp-b", "dp-a"):
+            async with pool.client(dp, **{"x-luftpause-run-id": "hopper"}) as c:
+                reply = await c.chat.completions.create(
+                    model=SIM_MODEL, messages=messages, tools=tools, max_tokens=16
+                )
+            seen.append(reply.system_fingerprint)
+            msg = reply.choices[0].message
+            messages.append(msg.model_dump(exclude_none=True))
+            messages += [
+                {"role": "tool", "tool_call_id": call.id, "content": "ok"}
+                for call in msg.tool_calls or []
+            ]
+            await pool.until(lambda s: s["turns_in_flight"] == 0)
+    assert len(set(seen)) == 1
+    assert await _placed_locally(pool, "dp-a") == before
+
+
 async def test_deleted_run_is_forgotten_by_the_scheduler(pool: Pool) -> None:
     async with asyncio.timeout(30), pool.client("dp-a", **{"x-luftpause-run-id": "gone"}) as c:
         await c.chat.completions.create(

@@ -21,7 +21,8 @@ step:
 - derived counters and indexes (in flight per replica and per caller, headroom, the queue each
   held turn sits in) equal what the turns and runs themselves say; turns placed by a dataplane
   on a replica that closed meanwhile are counted like any other (and only they may exceed a cap);
-- the open-replica version moves whenever the set of open replicas changes.
+- the open-replica version moves whenever the set of open replicas changes;
+- a run taken from a dataplane was that dataplane's, and is now another's.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from luftpause.scheduler.core.events import (
     Resync,
     RunEnded,
     RunSnapshot,
+    RunTaken,
     Tick,
     TurnAbandoned,
     TurnFailed,
@@ -57,6 +59,7 @@ from luftpause.scheduler.core.model import (
     Phase,
     ServiceClass,
     State,
+    Turn,
     draft,
 )
 from luftpause.scheduler.core.placement import choose_replica, count_room, open_replicas
@@ -93,6 +96,10 @@ def _could_take(state: State, held: HeldTurn, replica_id: str) -> bool:
     return home is None or not home.healthy or held.model not in home.models
 
 
+def after_turns(state: State, run_id: str) -> list[Turn]:
+    return [t for t in state.turns.values() if t.run_id == run_id]
+
+
 class CoreMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -118,6 +125,15 @@ class CoreMachine(RuleBasedStateMachine):
         opened = {r.id for r in open_replicas(self.state)}
         if opened != {r.id for r in open_replicas(before)}:
             assert self.state.open_version != before.open_version, "open set changed silently"
+        last_taken: dict[str, str] = {}
+        for taken in (a for a in actions if isinstance(a, RunTaken)):
+            old = before.runs.get(taken.run_id)
+            owners = {old.dataplane if old else "", getattr(event, "dataplane", "")}
+            owners |= {t.dataplane for t in after_turns(self.state, taken.run_id)}
+            assert taken.dataplane in owners - {""}, "taken from a dataplane that did not have it"
+            last_taken[taken.run_id] = taken.dataplane
+        for run_id, dataplane in last_taken.items():
+            assert self.state.runs[run_id].dataplane != dataplane, "taken by the one that has it"
         if isinstance(event, Admit) and event.placed_on:
             # Its own Place is the record of where it went, not a decision to check.
             actions = tuple(

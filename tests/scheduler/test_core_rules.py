@@ -5,6 +5,7 @@ from __future__ import annotations
 from luftpause.common.config import Endpoint, EndpointKind, Priorities
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
+    Action,
     Admit,
     Place,
     ProbeResult,
@@ -13,6 +14,7 @@ from luftpause.scheduler.core.events import (
     RunEnded,
     RunExpired,
     RunSnapshot,
+    RunTaken,
     Tick,
     TurnAbandoned,
     TurnExpired,
@@ -449,3 +451,44 @@ def test_a_placement_reported_twice_or_on_an_unknown_replica_changes_nothing() -
         after = local(state, "t2", "r2", on=on, model=model)
         assert "t2" not in after.turns and "t2" not in after.held
         assert after.replicas["a"].in_flight == 1
+
+
+def test_a_run_whose_turn_comes_through_another_dataplane_is_taken_from_the_first() -> None:
+    def via_d1(state: State, turn: str, at: float) -> tuple[State, tuple[Action, ...]]:
+        return decide(state, Admit(at=at, turn_id=turn, run_id="r", model=MODEL, dataplane="d1"))
+
+    state, actions = via_d1(pool("a", "b"), "t1", 1.0)
+    assert not [a for a in actions if isinstance(a, RunTaken)]  # a new run is nobody's yet
+    state, _ = finish(state, "t1", tool_calls=True)
+    state, actions = via_d1(state, "t2", 3.0)
+    assert not [a for a in actions if isinstance(a, RunTaken)]  # the same dataplane again
+    state, _ = finish(state, "t2", tool_calls=True, at=4.0)
+    state = local(state, "t3", "r", on=state.runs["r"].replica)  # dataplane "d" reports one
+    assert state.runs["r"].dataplane == "d"
+    state, _ = finish(state, "t3", at=5.0)
+    state, actions = via_d1(state, "t4", 6.0)
+    assert RunTaken(dataplane="d", run_id="r") in actions
+    assert state.runs["r"].dataplane == "d1"
+
+
+def test_a_resync_makes_the_reporting_dataplane_the_runs_own() -> None:
+    state, _ = decide(
+        pool("a"),
+        Resync(
+            at=1.0,
+            dataplane="d2",
+            runs=(
+                RunSnapshot(
+                    run_id="r",
+                    replica="a",
+                    phase=Phase.TOOL_PAUSED,
+                    service_class=ServiceClass.INTERACTIVE,
+                    caller="",
+                ),
+            ),
+            turns=(),
+        ),
+    )
+    assert state.runs["r"].dataplane == "d2"
+    _, actions = decide(state, Admit(at=2.0, turn_id="t", run_id="r", model=MODEL, dataplane="d3"))
+    assert RunTaken(dataplane="d2", run_id="r") in actions

@@ -233,3 +233,27 @@ async def test_turn_placed_by_the_dataplane_is_recorded_and_not_answered(
         assert host.metrics.placed_by_dataplane._value.get() == 1
         await call.done_writing()
         assert await call.read() == grpc.aio.EOF
+
+
+async def test_a_run_taken_by_another_dataplane_is_named_to_the_one_that_had_it(
+    served: tuple[SchedulerHost, pb_grpc.SchedulerStub],
+) -> None:
+    _, stub = served
+    first = session(stub)
+    second = stub.Session(metadata=((DATAPLANE_METADATA, "dp-8"),))
+
+    async def next_taken(call: Any) -> list[str]:
+        while True:
+            batch = await call.read()
+            if batch.taken_runs:
+                return list(batch.taken_runs)
+
+    async with asyncio.timeout(5):
+        await send(first, admit_item("t1", run="r"))
+        await placements(first, 1)
+        await send(first, event_item(turn_id="t1", run_id="r", finished=pb.TurnFinished()))
+        other = pb.AdmitRequest(turn_id="t2", run_id="r", model="llm", dataplane_id="dp-8")
+        await send(second, pb.DataplaneItem(admit=other))
+        assert await next_taken(first) == ["r"]
+        await first.done_writing()
+        await second.done_writing()

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dluftpause/rpc/scheduler.proto\x12\x0cluftpause.v1\"\xc7\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61taplane_id\x18\x06 \x01(\t\x12\x13\n\x0bsingle_pass\x18\x07 \x01(\x08\x12\x19\n\x11placed_replica_id\x18\x08 \x01(\t\"\x89\x01\n\nAdmitReply\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x13\n\x0breplica_url\x18\x03 \x01(\t\x12\x0f\n\x07held_ms\x18\x04 \x01(\x01\x12\x1c\n\x0f\x65ngine_priority\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x12\n\x10_engine_priority\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\"\r\n\x0bTurnStarted\"\x0c\n\nFirstToken\"]\n\x0cTurnFinished\x12\"\n\x05usage\x18\x01 \x01(\x0b\x32\x13.luftpause.v1.Usage\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x12\n\ntool_calls\x18\x03 \x01(\x08\"\x1c\n\nTurnFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xce\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12,\n\x07started\x18\n \x01(\x0b\x32\x19.luftpause.v1.TurnStartedH\x00\x12/\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\x18.luftpause.v1.FirstTokenH\x00\x12.\n\x08\x66inished\x18\x0c \x01(\x0b\x32\x1a.luftpause.v1.TurnFinishedH\x00\x12*\n\x06\x66\x61iled\x18\r \x01(\x0b\x32\x18.luftpause.v1.TurnFailedH\x00\x12\x30\n\tabandoned\x18\x0e \x01(\x0b\x32\x1b.luftpause.v1.TurnAbandonedH\x00\x12+\n\trun_ended\x18\x0f \x01(\x0b\x32\x16.luftpause.v1.RunEndedH\x00\x42\x06\n\x04kind\"n\n\rDataplaneItem\x12+\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12(\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x42\x06\n\x04kind\"<\n\x0e\x44\x61taplaneBatch\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"}\n\tPlacement\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12*\n\x06placed\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReplyH\x00\x12(\n\x07refused\x18\x03 \x01(\x0b\x32\x15.luftpause.v1.RefusalH\x00\x42\t\n\x07outcome\"(\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xb2\x01\n\x0bOpenReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0breplica_url\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12!\n\x14interactive_priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0e\x62\x61tch_priority\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\x17\n\x15_interactive_priorityB\x11\n\x0f_batch_priority\";\n\x0cOpenReplicas\x12+\n\x08replicas\x18\x01 \x03(\x0b\x32\x19.luftpause.v1.OpenReplica\"g\n\x0ePlacementBatch\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.Placement\x12(\n\x04open\x18\x02 \x01(\x0b\x32\x1a.luftpause.v1.OpenReplicas\"\xb1\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0cidle_seconds\x18\x06 \x01(\x01\"\x95\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\rservice_class\x18\x05 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"y\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12\'\n\x04runs\x18\x02 \x03(\x0b\x32\x19.luftpause.v1.RunSnapshot\x12)\n\x05turns\x18\x03 \x03(\x0b\x32\x1a.luftpause.v1.TurnSnapshot\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\x03\x12\r\n\x05turns\x18\x02 \x01(\x03\"\x13\n\x11ListModelsRequest\",\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\":\n\x0fListModelsReply\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.ModelInfo\"\x0f\n\rStatusRequest\"\xd8\x01\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x03\x12\x0e\n\x06\x63\x61pped\x18\x06 \x01(\x08\x12\x16\n\x0e\x65ngine_running\x18\x07 \x01(\x03\x12\x16\n\x0e\x65ngine_waiting\x18\x08 \x01(\x03\x12\x0e\n\x06models\x18\t \x03(\t\x12\x0c\n\x04kind\x18\n \x01(\t\x12\x1a\n\x12paused_interactive\x18\x0b \x01(\x03\"z\n\tHeldGroup\x12\x31\n\rservice_class\x18\x01 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x1b\n\x13oldest_wait_seconds\x18\x04 \x01(\x01\"s\n\x08RunCount\x12%\n\x05phase\x18\x01 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x02 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"\xa2\x01\n\x0bStatusReply\x12-\n\x08replicas\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.ReplicaStatus\x12%\n\x04held\x18\x02 \x03(\x0b\x32\x17.luftpause.v1.HeldGroup\x12$\n\x04runs\x18\x03 \x03(\x0b\x32\x16.luftpause.v1.RunCount\x12\x17\n\x0fturns_in_flight\x18\x04 \x01(\x03*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x02*n\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x18\n\x14RUN_PHASE_GENERATING\x10\x02\x12\x19\n\x15RUN_PHASE_TOOL_PAUSED\x10\x03\x32\xe7\x02\n\tScheduler\x12=\n\x05\x41\x64mit\x12\x1a.luftpause.v1.AdmitRequest\x1a\x18.luftpause.v1.AdmitReply\x12I\n\x07Session\x12\x1c.luftpause.v1.DataplaneBatch\x1a\x1c.luftpause.v1.PlacementBatch(\x01\x30\x01\x12@\n\x06Resync\x12\x1b.luftpause.v1.ResyncRequest\x1a\x19.luftpause.v1.ResyncReply\x12L\n\nListModels\x12\x1f.luftpause.v1.ListModelsRequest\x1a\x1d.luftpause.v1.ListModelsReply\x12@\n\x06Status\x12\x1b.luftpause.v1.StatusRequest\x1a\x19.luftpause.v1.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dluftpause/rpc/scheduler.proto\x12\x0cluftpause.v1\"\xc7\x01\n\x0c\x41\x64mitRequest\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0c\x64\x61taplane_id\x18\x06 \x01(\t\x12\x13\n\x0bsingle_pass\x18\x07 \x01(\x08\x12\x19\n\x11placed_replica_id\x18\x08 \x01(\t\"\x89\x01\n\nAdmitReply\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12\x13\n\x0breplica_url\x18\x03 \x01(\t\x12\x0f\n\x07held_ms\x18\x04 \x01(\x01\x12\x1c\n\x0f\x65ngine_priority\x18\x05 \x01(\x05H\x00\x88\x01\x01\x42\x12\n\x10_engine_priority\"P\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x15\n\rcached_tokens\x18\x03 \x01(\x03\"\r\n\x0bTurnStarted\"\x0c\n\nFirstToken\"]\n\x0cTurnFinished\x12\"\n\x05usage\x18\x01 \x01(\x0b\x32\x13.luftpause.v1.Usage\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12\x12\n\ntool_calls\x18\x03 \x01(\x08\"\x1c\n\nTurnFailed\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x0f\n\rTurnAbandoned\"\n\n\x08RunEnded\"\xce\x02\n\tTurnEvent\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12,\n\x07started\x18\n \x01(\x0b\x32\x19.luftpause.v1.TurnStartedH\x00\x12/\n\x0b\x66irst_token\x18\x0b \x01(\x0b\x32\x18.luftpause.v1.FirstTokenH\x00\x12.\n\x08\x66inished\x18\x0c \x01(\x0b\x32\x1a.luftpause.v1.TurnFinishedH\x00\x12*\n\x06\x66\x61iled\x18\r \x01(\x0b\x32\x18.luftpause.v1.TurnFailedH\x00\x12\x30\n\tabandoned\x18\x0e \x01(\x0b\x32\x1b.luftpause.v1.TurnAbandonedH\x00\x12+\n\trun_ended\x18\x0f \x01(\x0b\x32\x16.luftpause.v1.RunEndedH\x00\x42\x06\n\x04kind\"n\n\rDataplaneItem\x12+\n\x05\x61\x64mit\x18\x01 \x01(\x0b\x32\x1a.luftpause.v1.AdmitRequestH\x00\x12(\n\x05\x65vent\x18\x02 \x01(\x0b\x32\x17.luftpause.v1.TurnEventH\x00\x42\x06\n\x04kind\"<\n\x0e\x44\x61taplaneBatch\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.DataplaneItem\"}\n\tPlacement\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12*\n\x06placed\x18\x02 \x01(\x0b\x32\x18.luftpause.v1.AdmitReplyH\x00\x12(\n\x07refused\x18\x03 \x01(\x0b\x32\x15.luftpause.v1.RefusalH\x00\x42\t\n\x07outcome\"(\n\x07Refusal\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\xb2\x01\n\x0bOpenReplica\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0breplica_url\x18\x02 \x01(\t\x12\x0e\n\x06models\x18\x03 \x03(\t\x12!\n\x14interactive_priority\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x1b\n\x0e\x62\x61tch_priority\x18\x05 \x01(\x05H\x01\x88\x01\x01\x42\x17\n\x15_interactive_priorityB\x11\n\x0f_batch_priority\";\n\x0cOpenReplicas\x12+\n\x08replicas\x18\x01 \x03(\x0b\x32\x19.luftpause.v1.OpenReplica\"{\n\x0ePlacementBatch\x12+\n\nplacements\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.Placement\x12(\n\x04open\x18\x02 \x01(\x0b\x32\x1a.luftpause.v1.OpenReplicas\x12\x12\n\ntaken_runs\x18\x03 \x03(\t\"\xb1\x01\n\x0bRunSnapshot\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\nreplica_id\x18\x02 \x01(\t\x12%\n\x05phase\x18\x03 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x04 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x05 \x01(\t\x12\x14\n\x0cidle_seconds\x18\x06 \x01(\x01\"\x95\x01\n\x0cTurnSnapshot\x12\x0f\n\x07turn_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nreplica_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x31\n\rservice_class\x18\x05 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x06 \x01(\t\"y\n\rResyncRequest\x12\x14\n\x0c\x64\x61taplane_id\x18\x01 \x01(\t\x12\'\n\x04runs\x18\x02 \x03(\x0b\x32\x19.luftpause.v1.RunSnapshot\x12)\n\x05turns\x18\x03 \x03(\x0b\x32\x1a.luftpause.v1.TurnSnapshot\"*\n\x0bResyncReply\x12\x0c\n\x04runs\x18\x01 \x01(\x03\x12\r\n\x05turns\x18\x02 \x01(\x03\"\x13\n\x11ListModelsRequest\",\n\tModelInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\":\n\x0fListModelsReply\x12\'\n\x06models\x18\x01 \x03(\x0b\x32\x17.luftpause.v1.ModelInfo\"\x0f\n\rStatusRequest\"\xd8\x01\n\rReplicaStatus\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0b\n\x03url\x18\x02 \x01(\t\x12\x0f\n\x07healthy\x18\x03 \x01(\x08\x12\x11\n\tin_flight\x18\x04 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x05 \x01(\x03\x12\x0e\n\x06\x63\x61pped\x18\x06 \x01(\x08\x12\x16\n\x0e\x65ngine_running\x18\x07 \x01(\x03\x12\x16\n\x0e\x65ngine_waiting\x18\x08 \x01(\x03\x12\x0e\n\x06models\x18\t \x03(\t\x12\x0c\n\x04kind\x18\n \x01(\t\x12\x1a\n\x12paused_interactive\x18\x0b \x01(\x03\"z\n\tHeldGroup\x12\x31\n\rservice_class\x18\x01 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\x0e\n\x06\x63\x61ller\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\x12\x1b\n\x13oldest_wait_seconds\x18\x04 \x01(\x01\"s\n\x08RunCount\x12%\n\x05phase\x18\x01 \x01(\x0e\x32\x16.luftpause.v1.RunPhase\x12\x31\n\rservice_class\x18\x02 \x01(\x0e\x32\x1a.luftpause.v1.ServiceClass\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"\xa2\x01\n\x0bStatusReply\x12-\n\x08replicas\x18\x01 \x03(\x0b\x32\x1b.luftpause.v1.ReplicaStatus\x12%\n\x04held\x18\x02 \x03(\x0b\x32\x17.luftpause.v1.HeldGroup\x12$\n\x04runs\x18\x03 \x03(\x0b\x32\x16.luftpause.v1.RunCount\x12\x17\n\x0fturns_in_flight\x18\x04 \x01(\x03*e\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x02*n\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x12\n\x0eRUN_PHASE_IDLE\x10\x01\x12\x18\n\x14RUN_PHASE_GENERATING\x10\x02\x12\x19\n\x15RUN_PHASE_TOOL_PAUSED\x10\x03\x32\xe7\x02\n\tScheduler\x12=\n\x05\x41\x64mit\x12\x1a.luftpause.v1.AdmitRequest\x1a\x18.luftpause.v1.AdmitReply\x12I\n\x07Session\x12\x1c.luftpause.v1.DataplaneBatch\x1a\x1c.luftpause.v1.PlacementBatch(\x01\x30\x01\x12@\n\x06Resync\x12\x1b.luftpause.v1.ResyncRequest\x1a\x19.luftpause.v1.ResyncReply\x12L\n\nListModels\x12\x1f.luftpause.v1.ListModelsRequest\x1a\x1d.luftpause.v1.ListModelsReply\x12@\n\x06Status\x12\x1b.luftpause.v1.StatusRequest\x1a\x19.luftpause.v1.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'luftpause.rpc.scheduler_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SERVICECLASS']._serialized_start=2949
-  _globals['_SERVICECLASS']._serialized_end=3050
-  _globals['_RUNPHASE']._serialized_start=3052
-  _globals['_RUNPHASE']._serialized_end=3162
+  _globals['_SERVICECLASS']._serialized_start=2969
+  _globals['_SERVICECLASS']._serialized_end=3070
+  _globals['_RUNPHASE']._serialized_start=3072
+  _globals['_RUNPHASE']._serialized_end=3182
   _globals['_ADMITREQUEST']._serialized_start=48
   _globals['_ADMITREQUEST']._serialized_end=247
   _globals['_ADMITREPLY']._serialized_start=250
@@ -68,31 +68,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENREPLICAS']._serialized_start=1515
   _globals['_OPENREPLICAS']._serialized_end=1574
   _globals['_PLACEMENTBATCH']._serialized_start=1576
-  _globals['_PLACEMENTBATCH']._serialized_end=1679
-  _globals['_RUNSNAPSHOT']._serialized_start=1682
-  _globals['_RUNSNAPSHOT']._serialized_end=1859
-  _globals['_TURNSNAPSHOT']._serialized_start=1862
-  _globals['_TURNSNAPSHOT']._serialized_end=2011
-  _globals['_RESYNCREQUEST']._serialized_start=2013
-  _globals['_RESYNCREQUEST']._serialized_end=2134
-  _globals['_RESYNCREPLY']._serialized_start=2136
-  _globals['_RESYNCREPLY']._serialized_end=2178
-  _globals['_LISTMODELSREQUEST']._serialized_start=2180
-  _globals['_LISTMODELSREQUEST']._serialized_end=2199
-  _globals['_MODELINFO']._serialized_start=2201
-  _globals['_MODELINFO']._serialized_end=2245
-  _globals['_LISTMODELSREPLY']._serialized_start=2247
-  _globals['_LISTMODELSREPLY']._serialized_end=2305
-  _globals['_STATUSREQUEST']._serialized_start=2307
-  _globals['_STATUSREQUEST']._serialized_end=2322
-  _globals['_REPLICASTATUS']._serialized_start=2325
-  _globals['_REPLICASTATUS']._serialized_end=2541
-  _globals['_HELDGROUP']._serialized_start=2543
-  _globals['_HELDGROUP']._serialized_end=2665
-  _globals['_RUNCOUNT']._serialized_start=2667
-  _globals['_RUNCOUNT']._serialized_end=2782
-  _globals['_STATUSREPLY']._serialized_start=2785
-  _globals['_STATUSREPLY']._serialized_end=2947
-  _globals['_SCHEDULER']._serialized_start=3165
-  _globals['_SCHEDULER']._serialized_end=3524
+  _globals['_PLACEMENTBATCH']._serialized_end=1699
+  _globals['_RUNSNAPSHOT']._serialized_start=1702
+  _globals['_RUNSNAPSHOT']._serialized_end=1879
+  _globals['_TURNSNAPSHOT']._serialized_start=1882
+  _globals['_TURNSNAPSHOT']._serialized_end=2031
+  _globals['_RESYNCREQUEST']._serialized_start=2033
+  _globals['_RESYNCREQUEST']._serialized_end=2154
+  _globals['_RESYNCREPLY']._serialized_start=2156
+  _globals['_RESYNCREPLY']._serialized_end=2198
+  _globals['_LISTMODELSREQUEST']._serialized_start=2200
+  _globals['_LISTMODELSREQUEST']._serialized_end=2219
+  _globals['_MODELINFO']._serialized_start=2221
+  _globals['_MODELINFO']._serialized_end=2265
+  _globals['_LISTMODELSREPLY']._serialized_start=2267
+  _globals['_LISTMODELSREPLY']._serialized_end=2325
+  _globals['_STATUSREQUEST']._serialized_start=2327
+  _globals['_STATUSREQUEST']._serialized_end=2342
+  _globals['_REPLICASTATUS']._serialized_start=2345
+  _globals['_REPLICASTATUS']._serialized_end=2561
+  _globals['_HELDGROUP']._serialized_start=2563
+  _globals['_HELDGROUP']._serialized_end=2685
+  _globals['_RUNCOUNT']._serialized_start=2687
+  _globals['_RUNCOUNT']._serialized_end=2802
+  _globals['_STATUSREPLY']._serialized_start=2805
+  _globals['_STATUSREPLY']._serialized_end=2967
+  _globals['_SCHEDULER']._serialized_start=3185
+  _globals['_SCHEDULER']._serialized_end=3544
 # @@protoc_insertion_point(module_scope)

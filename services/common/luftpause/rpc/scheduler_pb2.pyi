@@ -176,12 +176,14 @@ class OpenReplicas(_message.Message):
     def __init__(self, replicas: _Optional[_Iterable[_Union[OpenReplica, _Mapping]]] = ...) -> None: ...
 
 class PlacementBatch(_message.Message):
-    __slots__ = ("placements", "open")
+    __slots__ = ("placements", "open", "taken_runs")
     PLACEMENTS_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_RUNS_FIELD_NUMBER: _ClassVar[int]
     placements: _containers.RepeatedCompositeFieldContainer[Placement]
     open: OpenReplicas
-    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., open: _Optional[_Union[OpenReplicas, _Mapping]] = ...) -> None: ...
+    taken_runs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, placements: _Optional[_Iterable[_Union[Placement, _Mapping]]] = ..., open: _Optional[_Union[OpenReplicas, _Mapping]] = ..., taken_runs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RunSnapshot(_message.Message):
     __slots__ = ("run_id", "replica_id", "phase", "service_class", "caller", "idle_seconds")

@@ -28,7 +28,9 @@ replicas (see `local`). The link keeps the newest list while the session is up a
 the moment the session breaks: with the scheduler out of reach every turn waits, as before.
 A turn placed on an open replica is reported with `placed` as an admission that names its
 replica, sent within a few milliseconds and always before the turn's own events; the end of a
-turn on an open replica waits as long at most (it frees nothing anyone waits for).
+turn on an open replica waits as long at most (it frees nothing anyone waits for). A run the
+scheduler says another dataplane took is dropped from the run table, so its next turn here is
+asked for.
 """
 
 from __future__ import annotations
@@ -291,6 +293,8 @@ class SchedulerLink:
         async for batch in call:
             if batch.HasField("open"):
                 self._set_open([open_replica(r) for r in batch.open.replicas])
+            for run_id in batch.taken_runs:
+                self._runs.end_run(run_id)  # another dataplane serves it now
             for placement in batch.placements:
                 self._resolve(placement)
         if not self._closing:

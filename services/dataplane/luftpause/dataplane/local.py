@@ -15,10 +15,11 @@ turn waits for the scheduler as before:
 - any other run (a client-chosen id this dataplane has not served): the scheduler decides,
   since another dataplane may hold it.
 
-What the rule cannot see: a run another dataplane served since this one last did is known here
-by its old replica. Were that replica open, its turn goes there and the scheduler records the
-move. Deployments that spread one run's turns across several dataplanes should turn local
-placement off (`luftpause dataplane --no-local-placement`).
+A run whose turn then comes through another dataplane is named to this one (`taken_runs` on
+the Session stream), which drops it from its run table, so its next turn here is asked for.
+What the rule cannot see is a turn that crosses that notice: if this dataplane places a run it
+still believes its own while another dataplane's turn of it is being placed, the scheduler
+records whichever placement comes last, as a move.
 """
 
 from __future__ import annotations

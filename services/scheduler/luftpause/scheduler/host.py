@@ -23,6 +23,7 @@ from luftpause.scheduler.core.events import (
     Place,
     Reject,
     RunExpired,
+    RunTaken,
     TurnAbandoned,
     TurnExpired,
 )
@@ -73,6 +74,7 @@ class SchedulerHost:
         self._waiters: dict[str, _Waiters] = {}
         self._open_version = self.state.open_version
         self._open_listeners: list[Callable[[State], None]] = []
+        self._taken_listeners: list[Callable[[RunTaken], None]] = []
 
     def now(self) -> float:
         return self.clock()
@@ -80,6 +82,10 @@ class SchedulerHost:
     def on_open_changed(self, listener: Callable[[State], None]) -> None:
         """Call `listener(state)` after every event that may have changed the open replicas."""
         self._open_listeners.append(listener)
+
+    def on_run_taken(self, listener: Callable[[RunTaken], None]) -> None:
+        """Call `listener(action)` for every run whose turn came through another dataplane."""
+        self._taken_listeners.append(listener)
 
     def apply(self, event: Event) -> tuple[Action, ...]:
         """Feed one event to the core and carry out its actions."""
@@ -108,6 +114,9 @@ class SchedulerHost:
                 self.metrics.turn_expired()
             case RunExpired():
                 log.info("run expired", run_id=action.run_id)
+            case RunTaken():
+                for listener in self._taken_listeners:
+                    listener(action)
             case DataplaneReleased():
                 log.warning(
                     "dataplane gone past its grace period: its turns were released",

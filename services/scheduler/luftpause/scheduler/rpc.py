@@ -199,17 +199,26 @@ class _Session:
     """
 
     def __init__(
-        self, host: SchedulerHost, context: grpc.aio.ServicerContext, opened: pb.OpenReplicas
+        self,
+        host: SchedulerHost,
+        context: grpc.aio.ServicerContext,
+        dataplane: str,
+        opened: pb.OpenReplicas,
     ) -> None:
         self._host = host
         self._context = context
+        self.dataplane = dataplane
         self._waiting: dict[str, tuple[asyncio.Future[e.Place], float]] = {}
-        self._out: asyncio.Queue[pb.Placement | pb.OpenReplicas] = asyncio.Queue()
+        # Placements, the open replicas, and (as plain strings) ids of runs taken elsewhere.
+        self._out: asyncio.Queue[pb.Placement | pb.OpenReplicas | str] = asyncio.Queue()
         self._out.put_nowait(opened)
         self._writer = asyncio.create_task(self._write())
 
     def send_open(self, opened: pb.OpenReplicas) -> None:
         self._out.put_nowait(opened)
+
+    def send_taken(self, run_id: str) -> None:
+        self._out.put_nowait(run_id)
 
     def receive(self, batch: pb.DataplaneBatch) -> None:
         host = self._host
@@ -266,6 +275,8 @@ class _Session:
             while True:
                 if isinstance(item, pb.OpenReplicas):
                     batch.open.CopyFrom(item)  # the newest list replaces any older one
+                elif isinstance(item, str):
+                    batch.taken_runs.append(item)
                 else:
                     batch.placements.append(item)
                 if out.empty():
@@ -295,6 +306,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self._sessions: set[_Session] = set()
         self._open = open_message(host.state)
         host.on_open_changed(self._publish_open)
+        host.on_run_taken(self._publish_taken)
+
+    def _publish_taken(self, taken: e.RunTaken) -> None:
+        for session in self._sessions:
+            if session.dataplane == taken.dataplane:
+                session.send_taken(taken.run_id)
 
     def _publish_open(self, state: m.State) -> None:
         opened = open_message(state)
@@ -328,7 +345,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
     ) -> None:
         host = self.host
         dataplane = dataplane_of(context)
-        session = _Session(host, context, self._open)
+        session = _Session(host, context, dataplane, self._open)
         self._sessions.add(session)
         host.apply(e.DataplaneConnected(at=host.now(), dataplane=dataplane))
         try:

@@ -201,4 +201,13 @@ class DataplaneReleased:
     turns: int
 
 
-Action = Place | Reject | TurnExpired | RunExpired | DataplaneReleased
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunTaken:
+    """A turn of the run came through another dataplane than its last one: that one forgets
+    the run, so it never places the run's turns itself by the replica it last saw."""
+
+    dataplane: str
+    run_id: str
+
+
+Action = Place | Reject | TurnExpired | RunExpired | DataplaneReleased | RunTaken

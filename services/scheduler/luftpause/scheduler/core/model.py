@@ -178,6 +178,8 @@ class Run:
     last_active: float = 0.0
     # The run was ended while a turn was in flight: forget it when that turn ends.
     ended: bool = False
+    # The dataplane that placed or reported its last turn ("" when unknown).
+    dataplane: str = ""
     # The second at which its idle expiry is next checked; -1 when none is pending.
     check_at: int = -1
 

@@ -51,6 +51,7 @@ def resync(state: State, ev: Resync) -> State:
             service_class=rs.service_class,
             caller=rs.caller,
             last_active=ev.at - rs.idle_seconds,
+            dataplane=ev.dataplane,
         )
     held = {tid: h for tid, h in state.held.items() if tid not in turns}
     link = state.dataplanes.get(ev.dataplane, DataplaneLink())
