@@ -209,7 +209,7 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
 
     rows = await page.until(REPLICA_ROWS, lambda v: rows_by_id(v) == {"a": "up", "b": "up"})
     assert [r["cells"] for r in rows] == [
-        [rid, "up", "0 (0) / uncapped", "0 / 0", "0", sched.MODEL] for rid in ("a", "b")
+        [rid, "up", "0 (0) / uncapped, open", "0 / 0", "0", sched.MODEL] for rid in ("a", "b")
     ]
     assert [r["health_class"] for r in rows] == ["up", "up"]
     assert (await page.evaluate('document.getElementById("updated").textContent')).startswith(
@@ -224,6 +224,7 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
     stack.engines["b"].healthy = False
     rows = await page.until(REPLICA_ROWS, lambda v: rows_by_id(v) == {"a": "up", "b": "down"})
     assert [r["health_class"] for r in rows] == ["up", "down"]
+    assert [r["cells"][2] for r in rows] == ["0 (0) / uncapped, open", "0 (0) / uncapped"]
     assert await page.evaluate("window.loadedOnce") is True  # the same document, never reloaded
     await page.screenshot(tmp_path / "status_page.png")
     assert (tmp_path / "status_page.png").read_bytes().startswith(b"\x89PNG")
