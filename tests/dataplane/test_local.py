@@ -176,6 +176,6 @@ async def test_a_closed_replica_and_a_broken_session_send_every_turn_to_the_sche
 async def test_without_local_placement_every_turn_is_asked() -> None:
     async with running_stack(local_placement=False) as stack, asyncio.timeout(10):
         open_engine(stack)
-        await asyncio.sleep(0.2)  # the list arrives; it is not used
+        await until_open(stack)  # the list arrives; it is not used
         await stack.post(stack.chat())
         assert stack.scheduler.admits[-1].placed_replica_id == ""

@@ -101,3 +101,24 @@ def test_run_record_refuses_a_phase_that_contradicts_its_turns() -> None:
             since=0.0,
             in_flight=1,
         )
+
+
+def test_load_counts_turns_in_flight_per_replica_and_forgets_an_idle_replica() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1", "r1", replica="a"), now=0.0)
+    table.turn_placed(turn("t2", "r2", replica="a"), now=0.0)
+    table.turn_placed(turn("t3", "r3", replica="b"), now=0.0)
+    assert table.load == {"a": 2, "b": 1}
+    table.end_run("r1")  # a run's end leaves its turn counted until the turn ends
+    table.turn_ended("t1", tool_paused=False, now=1.0)
+    table.turn_ended("t3", tool_paused=False, now=1.0)
+    table.turn_ended("t3", tool_paused=False, now=1.0)  # reported twice: counted once
+    assert table.load == {"a": 1}
+
+
+def test_a_turn_is_placed_once() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1"), now=0.0)
+    with pytest.raises(ValueError, match="already placed"):
+        table.turn_placed(turn("t1"), now=0.0)
+    assert table.load == {"engine-a": 1}

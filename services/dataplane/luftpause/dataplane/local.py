@@ -24,7 +24,7 @@ records whichever placement comes last, as a move.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from luftpause.dataplane.identity import ServiceClass
@@ -76,8 +76,4 @@ def choose_open(
         return next((r for r in open_for_model if r.replica_id == run.replica_id), None)
     if not fresh:
         return None
-    return min(open_for_model, key=_load_key(load))
-
-
-def _load_key(load: Mapping[str, int]) -> Callable[[OpenReplica], tuple[int, str]]:
-    return lambda r: (load.get(r.replica_id, 0), r.replica_id)
+    return min(open_for_model, key=lambda r: (load.get(r.replica_id, 0), r.replica_id))

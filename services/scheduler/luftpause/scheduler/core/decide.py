@@ -36,7 +36,6 @@ from luftpause.scheduler.core.events import (
     Resync,
     RunEnded,
     RunExpired,
-    RunTaken,
     Tick,
     TurnAbandoned,
     TurnExpired,
@@ -50,12 +49,9 @@ from luftpause.scheduler.core.model import (
     Bucket,
     DataplaneLink,
     HeldTurn,
-    Phase,
     Replica,
-    Run,
     ServiceClass,
     State,
-    Turn,
     draft,
     evolve,
     next_cap,
@@ -166,7 +162,7 @@ def _admit(state: State, ev: Admit) -> Decision:
         return queues.add(state, held), ()
     # It fits now, so nothing else waits in its bucket and class (no held turn ever could be
     # placed after a step): placing it at once is what a drain would do.
-    state, moved, taken = _place(state, held, replica, ev.at, queued=False)
+    state, moved, taken = lifecycle.start_turn(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
     first = _place_action(held.id, replica, held.service_class, 0.0)
     return state, (first, *taken, *more)
@@ -187,7 +183,7 @@ def _placed_by_dataplane(state: State, ev: Admit) -> Decision:
         return state, ()
     held = _held(state, ev, ("r", replica.id, ev.model))
     state = put(state, next_seq=state.next_seq + 1)
-    state, moved, taken = _place(state, held, replica, ev.at, queued=False)
+    state, moved, taken = lifecycle.start_turn(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
     return state, (_place_action(held.id, replica, held.service_class, 0.0), *taken, *more)
 
@@ -246,91 +242,13 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
             replica = choose_replica(state, turn)
             if replica is None:  # cannot happen while bucket_fits holds; never loop on it
                 raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
-            state, moved, taken = _place(state, turn, replica, at)
+            state, moved, taken = lifecycle.start_turn(state, turn, replica, at)
             pending += [b for b in moved if b not in pending]
             actions.append(
                 _place_action(turn.id, replica, turn.service_class, at - turn.arrived_at)
             )
             actions += taken
     return state, tuple(actions)
-
-
-def _place(
-    state: State, held: HeldTurn, replica: Replica, at: float, *, queued: bool = True
-) -> tuple[State, list[Bucket], tuple[RunTaken, ...]]:
-    """Put `held` on `replica`: counters, its run's phase and replica, queues re-bucketed.
-
-    Returns the buckets that may now fit, and a `RunTaken` for the dataplane that served the
-    run before if this turn came through another one.
-    """
-    if queued:
-        state = queues.remove(state, held)
-    state, order = expiry.order_turn(state, held.id)
-    turn = Turn(
-        id=held.id,
-        run_id=held.run_id,
-        replica=replica.id,
-        model=held.model,
-        service_class=held.service_class,
-        caller=held.caller,
-        placed_at=at,
-        dataplane=held.dataplane,
-        single_pass=held.single_pass,
-        order=order,
-    )
-    state = set_replica(
-        put(state, turns=state.turns.set(turn.id, turn)),
-        evolve(
-            replica,
-            in_flight=replica.in_flight + 1,
-            interactive_in_flight=replica.interactive_in_flight
-            + (held.service_class is ServiceClass.INTERACTIVE),
-        ),
-    )
-    if held.single_pass:
-        return state, [], ()
-    old = state.runs.get(held.run_id)
-    # A paused interactive run moving away frees the headroom it held on its old replica.
-    freed = (
-        queues.buckets_for_replica(state, old.replica)
-        if old is not None and lifecycle.holds_headroom(old) and old.replica != replica.id
-        else []
-    )
-    state = lifecycle.unpause(state, held.run_id)
-    if old is None:
-        run = Run(
-            id=held.run_id,
-            replica=replica.id,
-            phase=Phase.GENERATING,
-            service_class=held.service_class,
-            caller=held.caller,
-            turns_in_flight=1,
-            last_active=at,
-            dataplane=held.dataplane,
-        )
-    else:
-        run = evolve(
-            old,
-            replica=replica.id,
-            phase=Phase.GENERATING,
-            service_class=held.service_class,
-            caller=held.caller,
-            turns_in_flight=old.turns_in_flight + 1,
-            last_active=at,
-            ended=False,
-            dataplane=held.dataplane or old.dataplane,
-        )
-    callers = state.caller_in_flight
-    state = put(
-        state,
-        runs=state.runs.set(run.id, run),
-        caller_in_flight=callers.set(held.caller, callers.get(held.caller, 0) + 1),
-    )
-    state, moved = queues.rebucket_run(state, run.id)
-    taken: tuple[RunTaken, ...] = ()
-    if old is not None and old.dataplane and held.dataplane and old.dataplane != held.dataplane:
-        taken = (RunTaken(dataplane=old.dataplane, run_id=run.id),)
-    return state, [*freed, *moved], taken
 
 
 # --- run phase bookkeeping (see `lifecycle`) -------------------------------------------------

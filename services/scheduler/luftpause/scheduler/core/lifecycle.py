@@ -1,5 +1,5 @@
-"""Run and turn lifecycle bookkeeping of the decision core: how a turn's end or a run's end
-changes the run, the replica's headroom and the held-turn index.
+"""Run and turn lifecycle bookkeeping of the decision core: how a turn's placement, a turn's
+end or a run's end changes the run, the replica's counters and headroom and the held-turn index.
 
 Pure module: functions from State to State, no I/O. Each returns the buckets whose held turns
 may fit because of the change; `decide` drains them.
@@ -8,10 +8,13 @@ may fit because of the change; `decide` drains them.
 from __future__ import annotations
 
 from luftpause.scheduler.core import expiry, queues
+from luftpause.scheduler.core.events import RunTaken
 from luftpause.scheduler.core.model import (
     RUN_IDLE_EXPIRY_S,
     Bucket,
+    HeldTurn,
     Phase,
+    Replica,
     Run,
     ServiceClass,
     State,
@@ -98,3 +101,81 @@ def forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
     state = put(state, runs=state.runs.delete(run_id))
     state, moved = queues.rebucket_run(state, run_id)
     return state, [*freed, *moved]
+
+
+def start_turn(
+    state: State, held: HeldTurn, replica: Replica, at: float, *, queued: bool = True
+) -> tuple[State, list[Bucket], tuple[RunTaken, ...]]:
+    """Place `held` on `replica`: counters, its run's phase and replica, queues re-bucketed.
+
+    Returns the buckets that may now fit, and a `RunTaken` for the dataplane that served the
+    run before if this turn came through another one.
+    """
+    if queued:
+        state = queues.remove(state, held)
+    state, order = expiry.order_turn(state, held.id)
+    turn = Turn(
+        id=held.id,
+        run_id=held.run_id,
+        replica=replica.id,
+        model=held.model,
+        service_class=held.service_class,
+        caller=held.caller,
+        placed_at=at,
+        dataplane=held.dataplane,
+        single_pass=held.single_pass,
+        order=order,
+    )
+    state = set_replica(
+        put(state, turns=state.turns.set(turn.id, turn)),
+        evolve(
+            replica,
+            in_flight=replica.in_flight + 1,
+            interactive_in_flight=replica.interactive_in_flight
+            + (held.service_class is ServiceClass.INTERACTIVE),
+        ),
+    )
+    if held.single_pass:
+        return state, [], ()
+    old = state.runs.get(held.run_id)
+    # A paused interactive run moving away frees the headroom it held on its old replica.
+    freed = (
+        queues.buckets_for_replica(state, old.replica)
+        if old is not None and holds_headroom(old) and old.replica != replica.id
+        else []
+    )
+    state = unpause(state, held.run_id)
+    if old is None:
+        run = Run(
+            id=held.run_id,
+            replica=replica.id,
+            phase=Phase.GENERATING,
+            service_class=held.service_class,
+            caller=held.caller,
+            turns_in_flight=1,
+            last_active=at,
+            dataplane=held.dataplane,
+        )
+    else:
+        run = evolve(
+            old,
+            replica=replica.id,
+            phase=Phase.GENERATING,
+            service_class=held.service_class,
+            caller=held.caller,
+            turns_in_flight=old.turns_in_flight + 1,
+            last_active=at,
+            ended=False,
+            dataplane=held.dataplane or old.dataplane,
+        )
+    callers = state.caller_in_flight
+    state = put(
+        state,
+        runs=state.runs.set(run.id, run),
+        caller_in_flight=callers.set(held.caller, callers.get(held.caller, 0) + 1),
+    )
+    state, moved = queues.rebucket_run(state, run.id)
+    taken: tuple[RunTaken, ...] = ()
+    if old is not None and old.dataplane and held.dataplane and old.dataplane != held.dataplane:
+        taken = (RunTaken(dataplane=old.dataplane, run_id=run.id),)
+    return state, [*freed, *moved], taken
