@@ -129,6 +129,26 @@ async def test_run_spawns_and_waits_in_one_call(rt: RuntimeStack) -> None:
     assert out["toolCalls"] == 1 and out["turns"] == 2
 
 
+async def test_the_last_turn_keeps_the_tools_so_the_engine_serves_its_context_from_cache(
+    rt: RuntimeStack,
+) -> None:
+    # Once the run's one call is spent the tools go on with tool_choice none: the prompt's start
+    # (the tools, then the task) is the same as the first turn's, so the engine's prefix cache
+    # serves all of it but the call and its result. Dropping the tools re-read everything.
+    task = "Look up the longest river of each continent. " * 100
+    async with asyncio.timeout(30), Client(rt.mcp_url) as c:
+        spawned = await call(c, "spawn", {"task": task, "tools": ["lookup"], "maxToolCalls": 1})
+        [done] = (await call(c, "await", {"handles": [spawned["handle"]], "timeout": 25}))["runs"]
+    assert done["state"] == "finished" and done["result"], done
+    url = f"http://127.0.0.1:{rt.runtime_port}/status"
+    async with aiohttp.ClientSession() as s, s.get(url) as resp:
+        tree = await resp.json()
+    [own] = [n["own"] for n in tree["tree"] if n["handle"] == spawned["handle"]]
+    assert own["turns"] == 2 and own["toolCalls"] == 1
+    first = len(task) // 4  # the simulator's tokens are 4 characters
+    assert own["cachedPromptTokens"] >= 0.95 * first, own
+
+
 async def test_await_past_its_timeout_returns_the_current_state(rt: RuntimeStack) -> None:
     async with asyncio.timeout(30), Client(rt.mcp_url) as c:
         spawned = await call(c, "spawn", {"task": "slow", "tools": ["deep_search"]})

@@ -63,14 +63,21 @@ class Llm:
             await self._http.close()
 
     async def turn(
-        self, spec: RunSpec, messages: tuple[dict[str, Any], ...], tools: list[dict[str, Any]]
+        self,
+        spec: RunSpec,
+        messages: tuple[dict[str, Any], ...],
+        tools: list[dict[str, Any]],
+        *,
+        calls: bool = True,
     ) -> TurnCompleted:
-        """One model turn, retried as the module docstring says."""
+        """One model turn, retried as the module docstring says. With `calls` false the tools
+        go with `tool_choice: "none"` and the reply's content is the answer, calls or not.
+        """
         failures = 0
         while True:
             started = time.monotonic()
             try:
-                return await self._once(spec, messages, tools, started)
+                return await self._once(spec, messages, tools, calls, started)
             except openai.RateLimitError as exc:
                 delay = retry_after(exc.response.headers)
                 log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
@@ -88,11 +95,14 @@ class Llm:
         spec: RunSpec,
         messages: tuple[dict[str, Any], ...],
         tools: list[dict[str, Any]],
+        allow_calls: bool,
         started: float,
     ) -> TurnCompleted:
         extra: dict[str, Any] = {}
         if tools:
             extra["tools"] = tools
+            if not allow_calls:
+                extra["tool_choice"] = "none"
         if spec.max_tokens:
             extra["max_tokens"] = spec.max_tokens
         reply = await self.client.chat.completions.create(
@@ -111,10 +121,10 @@ class Llm:
         calls = tuple(
             ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
             for c in message.tool_calls or []
-            if c.type == "function"
+            if c.type == "function" and allow_calls
         )
         content = message.content
-        if not calls and tools:
+        if not calls and tools and allow_calls:
             names = frozenset(t["function"]["name"] for t in tools)
             text_calls = recover_text_calls(content, names)
             calls = tuple(

@@ -20,8 +20,9 @@ A round is one assistant message with its tool calls plus every call's result. C
 are journaled; so is a turn whose call waits for the user's approval (before the first question
 of its round) and every answer, so a run rebuilt from the journal is RUNNING (about to take a
 turn), TOOLS or AWAITING_APPROVAL with the answers given so far, or over. Once `max_tool_calls`
-calls are spent the next turn offers no tools; with `parallel_tool_calls` off only the first
-call of a reply is kept.
+calls are spent the next turn allows no calls (the shell still lists the tools, with tool_choice
+none, so the prompt's start and the engine's cache of it stay); with `parallel_tool_calls` off
+only the first call of a reply is kept.
 
 Budgets are the subtree's (`budget`); a run only carries its limits and, once one is past,
 `exceeded` (BudgetExceeded marks even a run that is over: its later children are refused).

@@ -299,10 +299,11 @@ class Runtime:
         return {k: v for k, v in catalogue.items() if k in spec.tools}
 
     async def _turn(self, spec: m.RunSpec, decision: m.StartTurn) -> m.TurnCompleted:
-        tools = []
-        if decision.offer_tools:
-            tools = [t.openai() for t in (await self._offered(spec)).values()]
-        return await self.llm.turn(spec, decision.messages, tools)
+        # The tools stay in every turn's request, also once the run's calls are spent (then
+        # with tool_choice none): the engine renders them at the prompt's start, so dropping
+        # them would make the last turn re-read the whole conversation instead of its cache.
+        tools = [t.openai() for t in (await self._offered(spec)).values()]
+        return await self.llm.turn(spec, decision.messages, tools, calls=decision.offer_tools)
 
     async def _call_tools(
         self, run: Run, calls: tuple[m.ToolCall, ...]

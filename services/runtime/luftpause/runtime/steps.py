@@ -99,7 +99,8 @@ Event = (
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StartTurn:
-    """Ask the model for the next turn; `offer_tools` false once the budget is spent."""
+    """Ask the model for the next turn; `offer_tools` false once the calls are spent (the tools
+    are still listed, with tool_choice none: see `machine`)."""
 
     messages: tuple[dict[str, Any], ...]
     offer_tools: bool
