@@ -100,6 +100,7 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
         "tool_calls": 3,
         "max_tokens": 64,
         "engine_priority": True,
+        "keep_tools": False,
     },
     "real": {
         "window_s": 240.0,
@@ -110,12 +111,12 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
         "tool_calls": 2,
         "max_tokens": 40,
         "engine_priority": False,
+        "keep_tools": True,
     },
 }
 # What a base model needs to call tools (see testkit.loadgen and bench/real_pool.py).
 REAL_WORKLOAD = {
     "preamble": "gemma",
-    "keep_tools": True,
     "stop": ("</tool_call>",),
     "temperature": 0.3,
 }
@@ -153,6 +154,7 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             seed=args.seed,
             callers=4,
             max_tokens=args.max_tokens,
+            keep_tools=args.keep_tools,
             **extra,
         )
         async with engine_load(engines) as load:
@@ -228,6 +230,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         help="engines order their queue by priority; luftpause sends it (sim yes; real: no, "
         "llama.cpp has no priority queue)",
+    )
+    p.add_argument(
+        "--keep-tools",
+        action=argparse.BooleanOptionalAction,
+        help="offer the tools on every turn, with tool_choice none once a run's calls are spent, "
+        "so the prompt's start never changes (sim no, real yes)",
     )
     p.add_argument("--out", help="result name under bench/results (flood, or flood_<pool>)")
     p.add_argument(
