@@ -177,9 +177,10 @@ def main() -> None:
         default=True,
         help="engines order their queue by priority; luftpause sends it (see bench.flood)",
     )
+    p.add_argument("--out", default="flood_mcp", help="result name under bench/results")
     args = p.parse_args()
     out = asyncio.run(main_async(args))
-    path = write_result("flood_mcp", {"benchmark": "flood_mcp", "args": vars(args), **out})
+    path = write_result(args.out, {"benchmark": args.out, "args": vars(args), **out})
     print(out["table"])
     print(f"wrote {path}")
 
