@@ -492,3 +492,17 @@ def test_a_resync_makes_the_reporting_dataplane_the_runs_own() -> None:
     assert state.runs["r"].dataplane == "d2"
     _, actions = decide(state, Admit(at=2.0, turn_id="t", run_id="r", model=MODEL, dataplane="d3"))
     assert RunTaken(dataplane="d2", run_id="r") in actions
+
+
+def test_a_batch_placement_that_moves_a_run_takes_its_held_interactive_turn_along() -> None:
+    # Found by the state machine once slots made b full: the batch pass of a drain moved run
+    # r0 to a, which re-bucketed r0's held interactive turn after the interactive pass was over.
+    state = initial_state([endpoint("a", ("m1", "m2")), endpoint("b", ("m1",))])
+    state, _ = decide(state, ProbeResult(at=0.0, replica_id="b", healthy=True))
+    state = cap(state, "b", 1)
+    state, actions = admit(state, "t1", "r0", model="m1")
+    assert placed(actions) == {"t1": "b"}
+    state, _ = admit(state, "t2", "r0", model="m1")  # pinned to b, which is full
+    state, _ = admit(state, "t3", "r0", model="m2", cls=BATCH)  # only a serves m2: down
+    state, actions = decide(state, ProbeResult(at=2.0, replica_id="a", healthy=True))
+    assert placed(actions) == {"t3": "a", "t2": "a"} and not state.held

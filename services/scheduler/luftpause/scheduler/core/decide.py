@@ -220,13 +220,17 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
 
     Within one bucket and class every turn fits or none does (`bucket_fits`), so only the
     heads of fitting buckets are compared, and a bucket that stops fitting is done. Placing a
-    turn can re-bucket other held turns of its run; their new buckets join the drain.
+    turn can re-bucket other held turns of its run; their new buckets join the drain, and when
+    a batch placement moved an interactive turn of its run (a run whose class changed between
+    turns), the interactive pass runs again for it.
     """
     if not state.held or not buckets:
         return state, ()
     actions: list[Action] = []
     pending = list(dict.fromkeys(buckets))
-    for cls in _CLASSES:
+    classes = list(_CLASSES)
+    while classes:
+        cls = classes.pop(0)
         while True:
             best: tuple[int, int, HeldTurn] | None = None
             fitting = [b for b in pending if bucket_fits(state, b, cls)]
@@ -244,6 +248,8 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
                 raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
             state, moved, taken = lifecycle.start_turn(state, turn, replica, at)
             pending += [b for b in moved if b not in pending]
+            if moved and cls is ServiceClass.BATCH and ServiceClass.INTERACTIVE not in classes:
+                classes = [ServiceClass.INTERACTIVE, ServiceClass.BATCH]
             actions.append(
                 _place_action(turn.id, replica, turn.service_class, at - turn.arrived_at)
             )
