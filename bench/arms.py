@@ -36,6 +36,7 @@ ARMS = (
     "router-round_robin",
     "luftpause-free",
     "luftpause-nopriority",
+    "luftpause-noslots",
     "luftpause",
 )
 # With --engine-priority (the simulated pool's default) every arm's engines schedule by the
@@ -152,11 +153,13 @@ async def start_front(
     probe_period: float,
     *,
     engine_priority: bool = False,
+    slots: int = 0,
 ) -> str:
     """What the arm puts in front of `engines`: a router or scheduler + dataplane; its URL.
 
     The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds. With
-    `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY.
+    `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY; with
+    `slots` (llama.cpp's --parallel) they but luftpause-noslots assign the engines' slots.
     """
     if arm.startswith("router-"):
         return await _router(exits, workdir, arm.split("-", 1)[1], engines)
@@ -164,6 +167,8 @@ async def start_front(
     if engine_priority and arm != "luftpause-nopriority":
         numbers = ", ".join(f"{k}: {v}" for k, v in ENGINE_PRIORITY.items())
         priority = f"    priority: {{{numbers}, preemptive: true}}\n"
+    if slots and arm != "luftpause-noslots":
+        priority += f"    slots: {slots}\n"
     config = workdir / f"{arm}.yaml"
     config.write_text(
         "endpoints:\n"

@@ -15,6 +15,8 @@ Arms:
 - sglang-router, round_robin;
 - luftpause with runs free to move (`scheduler --no-affinity`, an ablation);
 - luftpause without engine priority (an ablation; only where the engines have a priority queue);
+- luftpause leaving llama.cpp to pick its slots (an ablation; real pool only: the luftpause
+  arms there configure `slots: 4`, the engines' --parallel, see common.config);
 - luftpause (strict run affinity, the default).
 
 The arms' processes are started by bench.arms.
@@ -124,10 +126,11 @@ REAL_WORKLOAD = {
 
 async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async with AsyncExitStack() as exits:
+        slots = 0
         if args.pool == "real":
-            from bench.real_pool import MODEL, start_real_engines
+            from bench.real_pool import MODEL, PARALLEL, start_real_engines
 
-            model, extra = MODEL, REAL_WORKLOAD
+            model, extra, slots = MODEL, REAL_WORKLOAD, PARALLEL
             engines = await start_real_engines(exits, workdir, 2)
         else:
             model, extra = SIM_MODEL, {}
@@ -141,6 +144,7 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             model,
             2.0 / args.time_scale,
             engine_priority=args.engine_priority,
+            slots=slots,
         )
         wl = Workload(
             base_url=url + "/v1",
@@ -249,8 +253,13 @@ def main() -> None:
             setattr(args, key, value)
     if args.pool == "real" and args.engine_priority:
         p.error("--engine-priority: llama.cpp has no priority queue")
-    if args.arms is None:
-        args.arms = [a for a in ARMS if args.engine_priority or a != "luftpause-nopriority"]
+    if args.arms is None:  # the ablations only where the engines have what they turn off
+        args.arms = [
+            a
+            for a in ARMS
+            if (args.engine_priority or a != "luftpause-nopriority")
+            and (args.pool == "real" or a != "luftpause-noslots")
+        ]
     name = args.out or ("flood" if args.pool == "sim" else f"flood_{args.pool}")
     earlier = _earlier(name, args) if args.append else None
     out = asyncio.run(main_async(args))

@@ -11,7 +11,7 @@ from luftpause.dataplane.forwarding import (
     downstream_headers,
     parse_turn_body,
     upstream_headers,
-    with_priority,
+    with_fields,
 )
 
 
@@ -98,8 +98,28 @@ def test_engine_headers_come_back_with_the_run_id() -> None:
 def test_priority_goes_into_the_body_and_replaces_the_clients(
     body: bytes, expected: dict[str, object] | None
 ) -> None:
-    out = json.loads(with_priority(body, 3))
+    out = json.loads(with_fields(body, {"priority": 3}))
     if expected is None:
         expected = {**json.loads(body), "priority": 3}
     assert out == expected
     assert out["priority"] == 3
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model":"m","messages":[]}',
+        b"{}",
+        b'{"model":"m","id_slot":7}',
+        b'{"priority":1,"model":"m"}',
+        b'{"model":"m","messages":[{"content":"\\"id_slot\\""}]}',
+    ],
+)
+def test_priority_and_slot_go_in_together_and_replace_the_clients(body: bytes) -> None:
+    out = json.loads(with_fields(body, {"priority": 3, "id_slot": 2}))
+    assert out == {**json.loads(body), "priority": 3, "id_slot": 2}
+
+
+def test_no_fields_leave_the_body_as_it_is() -> None:
+    body = b' {"model": "m", "priority": 9}'
+    assert with_fields(body, {}) is body

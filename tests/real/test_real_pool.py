@@ -1,4 +1,5 @@
-"""The real pool: one llama.cpp engine serving Gemma 3 270M answers a tool-calling turn.
+"""The real pool: one llama.cpp engine serving Gemma 3 270M answers a tool-calling turn, and
+keeps each run's context in the slot the scheduler names (endpoint `slots`).
 
 Marked real_engine: `make test` skips it; run `.venv/bin/pytest -m real_engine tests/real`
 after `pip install -e '.[dev,real]'`, inside `flock /tmp/luftpause-bench.lock`.
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
+from bench.arms import start_front
 from bench.real_pool import MODEL, start_real_engines
 from luftpause.testkit.agents import LOOKUP_TOOL
 from luftpause.testkit.preambles import GEMMA_PREAMBLE
@@ -45,3 +48,48 @@ async def test_one_engine_answers_a_turn_with_a_parsed_tool_call(tmp_path: Path)
     # The names the scheduler's prober reads for llama.cpp's load.
     assert "llamacpp:requests_processing" in metrics
     assert "llamacpp:requests_deferred" in metrics
+
+
+async def _turn(client: AsyncOpenAI, run: str, messages: list[Any]) -> tuple[int, int]:
+    """One turn of `run` (its reply joins `messages`): (prompt tokens, cached prompt tokens)."""
+    reply = await client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=8,
+        temperature=0.0,
+        extra_headers={"x-luftpause-run-id": run},
+        timeout=120,
+    )
+    messages.append({"role": "assistant", "content": reply.choices[0].message.content or ""})
+    messages.append({"role": "user", "content": "Go on."})
+    usage = reply.usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    return usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens or 0
+
+
+async def test_slots_named_by_the_scheduler_keep_a_runs_context_in_llama_cpp(
+    tmp_path: Path,
+) -> None:
+    # Two slots, three runs: c is new when a and b have both had a turn, and the scheduler
+    # gives it a's slot (a was active longest ago), so b's next turn finds its context and
+    # a's does not. llama.cpp left to itself picks by prefix similarity, which for runs that
+    # share a preamble is near a tie.
+    async with AsyncExitStack() as exits:
+        [url] = await start_real_engines(exits, tmp_path, n=1, parallel=2)
+        front = await start_front(exits, tmp_path, "luftpause", [url], MODEL, 0.5, slots=2)
+        convs = {
+            run: [*GEMMA_PREAMBLE, {"role": "user", "content": f"Task: {run} " + text * 40}]
+            for run, text in (
+                ("a", "Tell me about rivers. "),
+                ("b", "Tell me about lakes. "),
+                ("c", "Tell me about hills. "),
+            )
+        }
+        async with AsyncOpenAI(base_url=front + "/v1", api_key="x", max_retries=0) as client:
+            a1, _ = await _turn(client, "a", convs["a"])
+            b1, _ = await _turn(client, "b", convs["b"])
+            await _turn(client, "c", convs["c"])
+            _, b2_cached = await _turn(client, "b", convs["b"])
+            _, a2_cached = await _turn(client, "a", convs["a"])
+    assert b2_cached >= 0.9 * b1, (b1, b2_cached)
+    assert a2_cached < 0.9 * a1, (a1, a2_cached)

@@ -67,6 +67,7 @@ from luftpause.scheduler.core.queues import bucket_of
 
 REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
 PREEMPTIVE = Priorities(interactive=0, batch=100, preemptive=True)
+SLOTS = {"b": 2}  # b's engine slots are the scheduler's to assign
 RUNS = [f"r{i}" for i in range(8)]
 CALLERS = ["x", "y", "z"]
 DATAPLANES = ["dp1", "dp2"]
@@ -109,6 +110,7 @@ class CoreMachine(RuleBasedStateMachine):
                 url=f"http://{r}:1",
                 models=frozenset(m),
                 priority=PREEMPTIVE if r == "c" else None,
+                slots=SLOTS.get(r, 0),
             )
             for r, m in REPLICAS.items()
         ]
@@ -146,9 +148,19 @@ class CoreMachine(RuleBasedStateMachine):
         after = self.state
         places = [a for a in actions if isinstance(a, Place)]
         seen_runs: set[str] = set()
+        per_replica = Counter(a.replica_id for a in places)
         for action in places:
             replica = after.replicas[action.replica_id]
             turn = after.turns[action.turn_id]
+            assert action.engine_slot == (turn.slot if turn.slot >= 0 else None)
+            if replica.slots and replica.in_flight <= replica.slots:
+                assert turn.slot >= 0, "a slot was free but the turn got none"
+            old = before.replicas[replica.id]
+            mine = [s for s, run in enumerate(old.slot_runs) if run == turn.run_id]
+            if per_replica[replica.id] == 1 and turn.run_id in before.runs:
+                free_mine = [s for s in mine if s not in old.busy_slots]
+                if free_mine:
+                    assert turn.slot in free_mine, "a run's own idle slot was given away"
             assert replica.healthy, "placed on an unhealthy replica"
             assert turn.model in replica.models, "placed on a replica without the model"
             if replica.capacity is not None:
@@ -412,10 +424,14 @@ class CoreMachine(RuleBasedStateMachine):
             for r in s.runs.values()
             if r.phase is Phase.TOOL_PAUSED and r.service_class is ServiceClass.INTERACTIVE
         )
+        slotted = [(t.replica, t.slot) for t in s.turns.values() if t.slot >= 0]
+        assert len(slotted) == len(set(slotted)), "two turns in one engine slot"
         for rid, replica in s.replicas.items():
             assert replica.in_flight == per_replica[rid]
             assert replica.interactive_in_flight == interactive[rid]
             assert replica.paused_interactive == paused[rid]
+            assert replica.busy_slots == {slot for r, slot in slotted if r == rid}
+            assert len(replica.slot_runs) == replica.slots == SLOTS.get(rid, 0)
         assert dict(s.caller_in_flight.items()) == dict(per_caller)
         per_run = Counter(t.run_id for t in s.turns.values())
         for run in s.runs.values():

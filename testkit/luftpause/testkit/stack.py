@@ -28,6 +28,8 @@ class LocalStack:
     priority: tuple[int, int] | None = None
     # Whether the endpoints say their engines preempt for priority (`priority.preemptive`).
     preemptive: bool = False
+    # The endpoints' `slots`: engine slots the scheduler assigns (0: none).
+    slots: int = 0
     engine_ports: list[int] = field(default_factory=list)
     grpc_port: int = 0
     http_port: int = 0
@@ -51,6 +53,8 @@ class LocalStack:
                 lines.append(
                     f"    priority: {{interactive: {interactive}, batch: {batch}{preempts}}}"
                 )
+            if self.slots:
+                lines.append(f"    slots: {self.slots}")
             await self._spawn(
                 stack,
                 eid,

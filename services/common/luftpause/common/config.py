@@ -16,6 +16,7 @@ File format (YAML, or TOML by extension)::
         api_key_env: ENGINE_A_KEY    # environment variable holding its API key (optional)
         load_from: [engine-x]        # a router: read its load from these (optional, see below)
         priority: {interactive: 0, batch: 100, preemptive: true}  # see below (optional)
+        slots: 4                     # llama.cpp's --parallel: luftpause picks the slot (optional)
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -33,6 +34,17 @@ than that. vLLM's priority policy (V1), as far as we know, preempts only when ru
 run out of KV blocks, not for an arrival, so leave it false there unless your version does.
 On a preemptive endpoint batch turns need not keep slots for paused interactive runs, and an
 interactive turn is placed even when the engine is full: the engine makes its room.
+
+Engine slots (`slots`). llama.cpp's server keeps one conversation's KV cache per slot
+(`--parallel N` slots) and, left to choose, gives a new request the idle slot whose content
+shares the longest prefix with it. Runs that share a preamble all look alike to it, so a new run
+often overwrites the slot of a run paused on a tool, which then reads its whole context again.
+With `slots: N` (N = the server's `--parallel`), the scheduler keeps a table of which run each
+slot holds: a turn goes back to its run's slot, a new one takes an empty slot, else the slot of
+a run that has finished its last turn, else that of the run paused longest (batch before
+interactive), and the request carries llama.cpp's `id_slot`. At most N turns are in flight
+there. Every turn to the engine must come through luftpause for the table to be right; a wrong
+N makes the engine refuse the turns that name a slot it does not have.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from
@@ -103,10 +115,16 @@ class Endpoint:
     api_key_env: str = ""
     load_from: tuple[str, ...] = ()
     priority: Priorities | None = None
+    # Engine slots luftpause assigns (llama.cpp's --parallel); 0: the engine picks.
+    slots: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ConfigError("endpoint id must not be empty")
+        if self.slots < 0:
+            raise ConfigError(f"endpoint {self.id}: slots must be >= 0")
+        if self.slots and self.kind is not EndpointKind.GENERATIVE:
+            raise ConfigError(f"endpoint {self.id}: slots are for generative endpoints")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(
@@ -206,6 +224,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "api_key_env",
         "load_from",
         "priority",
+        "slots",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -223,7 +242,14 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         api_key_env=str(raw.get("api_key_env", "")),
         load_from=_str_list(raw.get("load_from", []), f"{where}.load_from"),
         priority=_priorities(raw.get("priority"), f"{where}.priority"),
+        slots=_count(raw.get("slots", 0), f"{where}.slots"),
     )
+
+
+def _count(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{where} must be a whole number >= 0, got {value!r}")
+    return value
 
 
 def _priorities(value: Any, where: str) -> Priorities | None:

@@ -88,21 +88,25 @@ def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
     return model, messages
 
 
-def with_priority(body: bytes, priority: int) -> bytes:
-    """`body` (a JSON object already checked by `parse_turn_body`) with `"priority": priority`.
+def with_fields(body: bytes, fields: Mapping[str, int]) -> bytes:
+    """`body` (a JSON object already checked by `parse_turn_body`) with integer `fields` set
+    (the engine's `priority`, llama.cpp's `id_slot`).
 
-    The field goes in right after the opening brace, so the bytes need no re-encoding; only a
-    body that may carry the client's own `priority` is decoded and encoded again, so that ours
-    replaces it instead of following it as a duplicate key.
+    The fields go in right after the opening brace, so the bytes need no re-encoding; only a
+    body that may carry one of them already is decoded and encoded again, so that ours replaces
+    the client's instead of following it as a duplicate key.
     """
-    if b'"priority"' in body:
+    if not fields:
+        return body
+    if any(b'"%s"' % name.encode() in body for name in fields):
         doc = json.loads(body)
-        doc["priority"] = priority
+        doc.update(fields)
         return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
     start = body.index(b"{") + 1
     rest = body[start:].lstrip()
+    head = b",".join(b'"%s":%d' % (name.encode(), value) for name, value in fields.items())
     sep = b"" if rest.startswith(b"}") else b","
-    return b'{"priority":%d%s%s' % (priority, sep, rest)
+    return b"{%s%s%s" % (head, sep, rest)
 
 
 def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[str, str]:

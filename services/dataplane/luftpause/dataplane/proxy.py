@@ -44,7 +44,7 @@ from luftpause.dataplane.forwarding import (
     is_event_stream,
     parse_turn_body,
     upstream_headers,
-    with_priority,
+    with_fields,
 )
 from luftpause.dataplane.identity import cut_caller, echoed_tool_call_ids, parse_service_class
 from luftpause.dataplane.local import choose_open
@@ -123,6 +123,7 @@ async def _admit_and_proxy(
     if local is not None:
         replica_id, replica_url = local.replica_id, local.url
         priority = local.engine_priority(turn.service_class)
+        slot = None  # an open replica has no slots to assign
         admit.placed_replica_id = replica_id
         dp.link.placed(admit)
         dp.metrics.placed_locally.inc()
@@ -138,11 +139,12 @@ async def _admit_and_proxy(
             return web.Response(status=499)
         replica_id, replica_url = reply.replica_id, reply.replica_url
         priority = reply.engine_priority if reply.HasField("engine_priority") else None
+        slot = reply.engine_slot if reply.HasField("engine_slot") else None
     turn.placed(replica_id)
     url = replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
-    if priority is not None:
-        body = with_priority(body, priority)
+    engine_fields = {"priority": priority, "id_slot": slot}
+    body = with_fields(body, {k: v for k, v in engine_fields.items() if v is not None})
     turn.started()
     try:
         engine = await dp.transport.send(url, headers, body)

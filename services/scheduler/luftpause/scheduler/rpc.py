@@ -184,6 +184,7 @@ def _reply(place: e.Place) -> pb.AdmitReply:
         replica_url=place.replica_url,
         held_ms=place.held_s * 1000.0,
         engine_priority=place.engine_priority,
+        engine_slot=place.engine_slot,
     )
 
 

@@ -118,7 +118,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise HttpError(404, "This engine is single-pass; use /classify.")
     sim.check_key(request)
     chat = parse_chat(decode_body(await request.read()), request.headers, sim.params)
-    entry.update(model=chat.model, stream=chat.stream, priority=chat.priority)
+    # llama.cpp's `id_slot` means nothing here (no slots); the log shows what was asked for.
+    slot = chat.body.get("id_slot")
+    entry.update(model=chat.model, stream=chat.stream, priority=chat.priority, id_slot=slot)
     if chat.fail is not None and chat.fail.status is not None:
         raise _injected(chat.fail.status)
     text = render_prompt(chat.body["messages"], chat.body.get("tools"))

@@ -82,7 +82,13 @@ def initial_state(
     single: dict[str, list[str]] = {}
     for e in endpoints:
         replicas[e.id] = Replica(
-            id=e.id, url=e.base_url, models=e.models, kind=e.kind, priority=e.priority
+            id=e.id,
+            url=e.base_url,
+            models=e.models,
+            kind=e.kind,
+            priority=e.priority,
+            slots=e.slots,
+            slot_runs=("",) * e.slots,
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
@@ -144,8 +150,7 @@ def decide(state: State, event: Event) -> Decision:
 def _admit(state: State, ev: Admit) -> Decision:
     placed = state.turns.get(ev.turn_id)
     if placed is not None:  # a retry of an admission that already went through
-        again = _place_action(ev.turn_id, state.replicas[placed.replica], placed.service_class, 0.0)
-        return state, (again,)
+        return state, (_place_action(state, ev.turn_id, 0.0),)
     if ev.turn_id in state.held:
         return state, ()
     if ev.placed_on:
@@ -164,8 +169,7 @@ def _admit(state: State, ev: Admit) -> Decision:
     # placed after a step): placing it at once is what a drain would do.
     state, moved, taken = lifecycle.start_turn(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
-    first = _place_action(held.id, replica, held.service_class, 0.0)
-    return state, (first, *taken, *more)
+    return state, (_place_action(state, held.id, 0.0), *taken, *more)
 
 
 def _placed_by_dataplane(state: State, ev: Admit) -> Decision:
@@ -185,7 +189,7 @@ def _placed_by_dataplane(state: State, ev: Admit) -> Decision:
     state = put(state, next_seq=state.next_seq + 1)
     state, moved, taken = lifecycle.start_turn(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
-    return state, (_place_action(held.id, replica, held.service_class, 0.0), *taken, *more)
+    return state, (_place_action(state, held.id, 0.0), *taken, *more)
 
 
 def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
@@ -203,15 +207,17 @@ def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
     )
 
 
-def _place_action(
-    turn_id: str, replica: Replica, service_class: ServiceClass, held_s: float
-) -> Place:
+def _place_action(state: State, turn_id: str, held_s: float) -> Place:
+    """The Place for turn `turn_id`, as placed in `state`."""
+    turn = state.turns[turn_id]
+    replica = state.replicas[turn.replica]
     return Place(
         turn_id=turn_id,
         replica_id=replica.id,
         replica_url=replica.url,
         held_s=held_s,
-        engine_priority=replica.engine_priority(service_class),
+        engine_priority=replica.engine_priority(turn.service_class),
+        engine_slot=turn.slot if turn.slot >= 0 else None,
     )
 
 
@@ -250,9 +256,7 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
             pending += [b for b in moved if b not in pending]
             if moved and cls is ServiceClass.BATCH and ServiceClass.INTERACTIVE not in classes:
                 classes = [ServiceClass.INTERACTIVE, ServiceClass.BATCH]
-            actions.append(
-                _place_action(turn.id, replica, turn.service_class, at - turn.arrived_at)
-            )
+            actions.append(_place_action(state, turn.id, at - turn.arrived_at))
             actions += taken
     return state, tuple(actions)
 

@@ -172,6 +172,8 @@ class Place:
     held_s: float
     # The request's `priority` for the replica's engine; None sends none.
     engine_priority: int | None = None
+    # The engine slot (llama.cpp `id_slot`) the request names; None lets the engine pick.
+    engine_slot: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,5 +1,6 @@
 """Run and turn lifecycle bookkeeping of the decision core: how a turn's placement, a turn's
-end or a run's end changes the run, the replica's counters and headroom and the held-turn index.
+end or a run's end changes the run, the replica's counters, headroom and engine slots, and the
+held-turn index.
 
 Pure module: functions from State to State, no I/O. Each returns the buckets whose held turns
 may fit because of the change; `decide` drains them.
@@ -7,7 +8,7 @@ may fit because of the change; `decide` drains them.
 
 from __future__ import annotations
 
-from luftpause.scheduler.core import expiry, queues
+from luftpause.scheduler.core import expiry, queues, slots
 from luftpause.scheduler.core.events import RunTaken
 from luftpause.scheduler.core.model import (
     RUN_IDLE_EXPIRY_S,
@@ -52,12 +53,14 @@ def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[Sta
     replica = state.replicas.get(turn.replica)
     if replica is not None:
         interactive = turn.service_class is ServiceClass.INTERACTIVE
+        freed = {} if turn.slot < 0 else {"busy_slots": replica.busy_slots - {turn.slot}}
         state = set_replica(
             state,
             evolve(
                 replica,
                 in_flight=replica.in_flight - 1,
                 interactive_in_flight=replica.interactive_in_flight - interactive,
+                **freed,
             ),
         )
     if turn.single_pass:
@@ -114,6 +117,7 @@ def start_turn(
     if queued:
         state = queues.remove(state, held)
     state, order = expiry.order_turn(state, held.id)
+    slot = slots.pick(replica, held.run_id, state.runs) if replica.slots else None
     turn = Turn(
         id=held.id,
         run_id=held.run_id,
@@ -125,6 +129,7 @@ def start_turn(
         dataplane=held.dataplane,
         single_pass=held.single_pass,
         order=order,
+        slot=-1 if slot is None else slot,
     )
     state = set_replica(
         put(state, turns=state.turns.set(turn.id, turn)),
@@ -133,6 +138,7 @@ def start_turn(
             in_flight=replica.in_flight + 1,
             interactive_in_flight=replica.interactive_in_flight
             + (held.service_class is ServiceClass.INTERACTIVE),
+            **({} if slot is None else slots.take(replica, slot, held.run_id)),
         ),
     )
     if held.single_pass:

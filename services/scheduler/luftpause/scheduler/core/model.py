@@ -141,15 +141,25 @@ class Replica:
     cap: int | None = None
     # The `priority` its engine gets per class (endpoint `priority`); None sends none.
     priority: Priorities | None = None
+    # Engine slots the core assigns (endpoint `slots`; 0: the engine picks): per slot the run
+    # whose context it holds ("" none), and the slots with a turn in flight. See `slots`.
+    slots: int = 0
+    slot_runs: tuple[str, ...] = ()
+    busy_slots: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
         if not 0 <= self.interactive_in_flight <= self.in_flight or self.paused_interactive < 0:
             raise ValueError(f"replica {self.id}: negative counts")
+        if len(self.slot_runs) != self.slots:
+            raise ValueError(f"replica {self.id}: slot_runs must have one entry per slot")
 
     @property
     def capacity(self) -> int | None:
-        return self.cap
+        """Turns it takes at once: the engine-load cap, and never more than its slots."""
+        if not self.slots:
+            return self.cap
+        return self.slots if self.cap is None else min(self.cap, self.slots)
 
     @property
     def preemptive(self) -> bool:
@@ -209,6 +219,8 @@ class Turn:
     single_pass: bool = False
     # Position in placement order (the turn-timeout index).
     order: int = 0
+    # The engine slot it runs in (replica `slots`); -1 when the engine picked.
+    slot: int = -1
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)

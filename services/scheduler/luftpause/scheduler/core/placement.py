@@ -8,7 +8,8 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
    that served its last turn, while that replica is healthy and serves the model. An idle run,
    or one whose replica is down, may move.
 4. Admission by engine load: a replica whose engine reports no waiting queue is uncapped; once
-   it queues, its turns are capped at what the engine runs.
+   it queues, its turns are capped at what the engine runs. A replica with engine `slots` never
+   takes more turns than it has slots (`slots` picks which one).
 5. Service classes: a batch turn may not take the last free slot kept for each interactive run
    paused on a tool on that replica (it will come back). On a preemptive replica (its engine
    preempts a running batch request for a waiting interactive one) no slot is kept: batch may
@@ -17,10 +18,10 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
 6. Among replicas with room, an idle run prefers its last replica (its prefix may still be
    cached), then the least loaded.
 
-An *open* replica (healthy, generative, uncapped) has room for every turn, so there rules 4 and
-5 never hold a turn back and only affinity and load choose. The dataplanes are told which
-replicas are open and place a new run, or a run of theirs last on an open replica, themselves;
-the core records such a placement as reported (`Admit.placed_on`).
+An *open* replica (healthy, generative, uncapped, no slots to assign) has room for every turn,
+so there rules 4 and 5 never hold a turn back and only affinity and load choose. The dataplanes
+are told which replicas are open and place a new run, or a run of theirs last on an open
+replica, themselves; the core records such a placement as reported (`Admit.placed_on`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     """Whether `replica` can take one more turn of `service_class` now."""
-    cap = replica.cap
+    cap = replica.capacity
     if cap is None:
         return True
     free = cap - replica.in_flight
@@ -50,7 +51,7 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
 
 def is_open(replica: Replica) -> bool:
     """Every turn fits on `replica` now: a dataplane may place turns there itself."""
-    return replica.healthy and replica.cap is None and replica.kind is EndpointKind.GENERATIVE
+    return replica.healthy and replica.capacity is None and replica.kind is EndpointKind.GENERATIVE
 
 
 def open_replicas(state: State) -> tuple[Replica, ...]:
@@ -126,7 +127,7 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
         replica = replicas[rid]
         if not replica.healthy or not has_room(replica, cls):
             continue
-        cap = replica.cap
+        cap = replica.capacity
         key = (replica.in_flight / cap if cap else 0.0, replica.in_flight, rid)
         if best is None or key < best_key:
             best, best_key = replica, key

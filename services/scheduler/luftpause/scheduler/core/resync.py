@@ -31,6 +31,7 @@ def resync(state: State, ev: Resync) -> State:
     turns = {tid: t for tid, t in state.turns.items() if t.dataplane != ev.dataplane}
     for snap in ev.turns:
         if snap.replica in state.replicas:
+            known = state.turns.get(snap.turn_id)
             turns[snap.turn_id] = Turn(
                 id=snap.turn_id,
                 run_id=snap.run_id,
@@ -41,6 +42,8 @@ def resync(state: State, ev: Resync) -> State:
                 placed_at=ev.at,
                 dataplane=ev.dataplane,
                 single_pass=not snap.run_id,
+                # The slot it was given, if this scheduler placed it (not after a restart).
+                slot=known.slot if known is not None and known.replica == snap.replica else -1,
             )
     runs = dict(state.runs.items())
     for rs in ev.runs:
@@ -95,12 +98,17 @@ def _rebuild(
             and run.replica
         ):
             paused[run.replica] = paused.get(run.replica, 0) + 1
+    busy: dict[str, frozenset[int]] = {}
+    for t in turns.values():
+        if t.slot >= 0:
+            busy[t.replica] = busy.get(t.replica, frozenset()) | {t.slot}
     replicas = {
         rid: evolve(
             r,
             in_flight=in_flight.get(rid, 0),
             interactive_in_flight=interactive.get(rid, 0),
             paused_interactive=paused.get(rid, 0),
+            busy_slots=busy.get(rid, frozenset()),
         )
         for rid, r in state.replicas.items()
     }

@@ -29,6 +29,11 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "paused_interactive": r.paused_interactive,
             "preemptive": r.preemptive,
             "open": is_open(r),
+            # Engine slots the scheduler assigns: the run each holds, and whether one is busy.
+            "slots": [
+                {"slot": i, "run": run or None, "busy": i in r.busy_slots}
+                for i, run in enumerate(r.slot_runs)
+            ],
         }
         for r in sorted(state.replicas.values(), key=lambda r: r.id)
     ]
