@@ -1,8 +1,9 @@
 """How often a continuation turn found its context gone, per arm, from llama.cpp's own logs.
 
 Run after the real-pool flood: `.venv/bin/python -m bench.rereads` reads the engine logs of the
-run in bench/results/flood_real.json (its `logs` directory, its arms and repeats); `--logs DIR`
-adds other runs of the same arms, one repeat each. Writes bench/results/rereads.json.
+run in bench/results/flood_real.json (or `--result NAME`: its `logs` directory, its arms and
+repeats); `--logs DIR` adds other runs of the same arms, one repeat each. Writes
+bench/results/rereads.json (or `--out NAME`).
 
 Each arm starts fresh engines, so an engine log is one segment per arm and repeat, in the order
 the flood ran them (each starts with llama.cpp's "loading model" line). For every turn the log
@@ -11,7 +12,8 @@ it evaluated. First turns all have about the same prompt (the shared preamble an
 fixed size); a turn whose prompt is longer than the shortest in its segment by more than
 `CONTINUATION_MARGIN` tokens carries an earlier reply and tool result, so it is a continuation.
 A continuation that evaluated more than half its prompt found its context in neither the
-engine's slots nor its prompt cache: it re-read it.
+engine's slots nor its prompt cache: it re-read it. Over all turns, the prompt tokens not
+evaluated are the arm's share served from cache, as the engines count it (both classes).
 """
 
 from __future__ import annotations
@@ -59,46 +61,60 @@ def rereads(turns: list[tuple[int, int]]) -> tuple[int, int]:
     return sum(1 for p, e in cont if e > p / 2), len(cont)
 
 
+def cached(turns: list[tuple[int, int]]) -> tuple[int, int]:
+    """(prompt tokens, of them served from the engine's cache) over one segment's turns."""
+    return sum(p for p, _ in turns), sum(p - e for p, e in turns)
+
+
 def per_arm(logs: Path, arms: list[str], repeats: int) -> dict[str, list[list[int]]]:
-    """arm -> per repeat [re-read, continuations], summed over the run's engines."""
-    out: dict[str, list[list[int]]] = {arm: [[0, 0] for _ in range(repeats)] for arm in arms}
+    """arm -> per repeat [re-read, continuations, prompt tokens, of them cached], summed over
+    the run's engines.
+    """
+    out = {arm: [[0, 0, 0, 0] for _ in range(repeats)] for arm in arms}
     for path in sorted(logs.glob("engine-*.log")):
         segs = segments(path.read_text(errors="replace"))
         if len(segs) != len(arms) * repeats:
             raise SystemExit(f"{path}: {len(segs)} engine starts, expected {len(arms) * repeats}")
         for i, turns in enumerate(segs):
             counts = out[arms[i % len(arms)]][i // len(arms)]
-            reread, cont = rereads(turns)
-            counts[0] += reread
-            counts[1] += cont
+            for k, n in enumerate((*rereads(turns), *cached(turns))):
+                counts[k] += n
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.rereads", description=__doc__)
     p.add_argument("--logs", nargs="*", type=Path, default=[], help="other runs' log dirs")
+    p.add_argument("--result", default="flood_real", help="the flood result to read")
+    p.add_argument("--out", default="rereads", help="result name under bench/results")
     args = p.parse_args()
-    flood = json.loads((RESULTS / "flood_real.json").read_text())
+    flood = json.loads((RESULTS / f"{args.result}.json").read_text())
     arms, repeats = flood["args"]["arms"], flood["args"]["repeats"]
     runs = [{"logs": flood["logs"], "per_arm": per_arm(Path(flood["logs"]), arms, repeats)}]
     runs += [{"logs": str(d), "per_arm": per_arm(d, arms, 1)} for d in args.logs]
-    totals = {arm: [0, 0] for arm in arms}
+    totals = {arm: [0, 0, 0, 0] for arm in arms}
     for run in runs:
         for arm, reps in run["per_arm"].items():
-            for reread, cont in reps:
-                totals[arm][0] += reread
-                totals[arm][1] += cont
+            for counts in reps:
+                totals[arm] = [a + b for a, b in zip(totals[arm], counts, strict=True)]
     result: dict[str, Any] = {
         "machine": machine(),
         "benchmark": "rereads",
+        "flood": args.result,
         "continuation_margin": CONTINUATION_MARGIN,
         "runs": runs,
+        "columns": ["re-read", "continuations", "prompt tokens", "of them cached"],
         "totals": totals,
     }
-    (RESULTS / "rereads.json").write_text(json.dumps(result, indent=2) + "\n")
-    for arm, (reread, cont) in totals.items():
-        print(f"{arm}: {reread} of {cont} continuations re-read their context")
-    print(f"wrote {RESULTS / 'rereads.json'}")
+    path = RESULTS / f"{args.out}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    for arm, (reread, cont, prompt, hit) in totals.items():
+        share = f"{hit / prompt:.1%}" if prompt else "-"
+        print(
+            f"{arm}: {reread} of {cont} continuations re-read their context; "
+            f"{share} of {prompt} prompt tokens from the engines' cache"
+        )
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.rereads import rereads, segments
+from bench.rereads import cached, rereads, segments
 
 
 def _turn(task: int, prompt: int, evaluated: int, generated: int) -> str:
@@ -39,3 +39,9 @@ def test_only_continuations_that_evaluated_over_half_their_prompt_count_as_rerea
     assert rereads(first) == (1, 2)
     assert rereads(second) == (0, 0)
     assert rereads([]) == (0, 0)
+
+
+def test_the_cached_share_counts_every_prompt_token_not_evaluated() -> None:
+    first, second = segments(LOG)
+    assert cached(first) == (1040 + 1038 + 1100 + 1160, 338 + 1040 + 360)
+    assert cached(second) == (1040, 0)
