@@ -54,6 +54,7 @@ from luftpause.scheduler.core.model import (
     State,
     draft,
     evolve,
+    limit_of,
     next_cap,
     put,
 )
@@ -89,6 +90,7 @@ def initial_state(
             priority=e.priority,
             slots=e.slots,
             slot_runs=("",) * e.slots,
+            limit=limit_of(None, e.slots),
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
@@ -150,7 +152,8 @@ def decide(state: State, event: Event) -> Decision:
 def _admit(state: State, ev: Admit) -> Decision:
     placed = state.turns.get(ev.turn_id)
     if placed is not None:  # a retry of an admission that already went through
-        return state, (_place_action(state, ev.turn_id, 0.0),)
+        home = state.replicas[placed.replica]
+        return state, (_place_action(state, ev.turn_id, home, placed.service_class, 0.0),)
     if ev.turn_id in state.held:
         return state, ()
     if ev.placed_on:
@@ -169,7 +172,7 @@ def _admit(state: State, ev: Admit) -> Decision:
     # placed after a step): placing it at once is what a drain would do.
     state, moved, taken = lifecycle.start_turn(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
-    return state, (_place_action(state, held.id, 0.0), *taken, *more)
+    return state, (_place_action(state, held.id, replica, held.service_class, 0.0), *taken, *more)
 
 
 def _placed_by_dataplane(state: State, ev: Admit) -> Decision:
@@ -189,7 +192,7 @@ def _placed_by_dataplane(state: State, ev: Admit) -> Decision:
     state = put(state, next_seq=state.next_seq + 1)
     state, moved, taken = lifecycle.start_turn(state, held, replica, ev.at, queued=False)
     state, more = _drain(state, moved, ev.at)
-    return state, (_place_action(state, held.id, 0.0), *taken, *more)
+    return state, (_place_action(state, held.id, replica, held.service_class, 0.0), *taken, *more)
 
 
 def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
@@ -207,17 +210,18 @@ def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
     )
 
 
-def _place_action(state: State, turn_id: str, held_s: float) -> Place:
-    """The Place for turn `turn_id`, as placed in `state`."""
-    turn = state.turns[turn_id]
-    replica = state.replicas[turn.replica]
+def _place_action(
+    state: State, turn_id: str, replica: Replica, service_class: ServiceClass, held_s: float
+) -> Place:
+    """The Place for turn `turn_id`, as placed on `replica` in `state`."""
+    slot = state.turns[turn_id].slot if replica.slots else -1
     return Place(
         turn_id=turn_id,
         replica_id=replica.id,
         replica_url=replica.url,
         held_s=held_s,
-        engine_priority=replica.engine_priority(turn.service_class),
-        engine_slot=turn.slot if turn.slot >= 0 else None,
+        engine_priority=replica.engine_priority(service_class),
+        engine_slot=slot if slot >= 0 else None,
     )
 
 
@@ -256,7 +260,9 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
             pending += [b for b in moved if b not in pending]
             if moved and cls is ServiceClass.BATCH and ServiceClass.INTERACTIVE not in classes:
                 classes = [ServiceClass.INTERACTIVE, ServiceClass.BATCH]
-            actions.append(_place_action(state, turn.id, at - turn.arrived_at))
+            actions.append(
+                _place_action(state, turn.id, replica, turn.service_class, at - turn.arrived_at)
+            )
             actions += taken
     return state, tuple(actions)
 
@@ -293,6 +299,7 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
         engine_running=ev.running,
         engine_waiting=ev.waiting,
         cap=cap,
+        limit=limit_of(cap, replica.slots),
     )
     state = set_replica(state, updated)
     return _drain(state, queues.buckets_for_replica(state, replica.id), ev.at)

@@ -53,16 +53,14 @@ def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[Sta
     replica = state.replicas.get(turn.replica)
     if replica is not None:
         interactive = turn.service_class is ServiceClass.INTERACTIVE
-        freed = {} if turn.slot < 0 else {"busy_slots": replica.busy_slots - {turn.slot}}
-        state = set_replica(
-            state,
-            evolve(
-                replica,
-                in_flight=replica.in_flight - 1,
-                interactive_in_flight=replica.interactive_in_flight - interactive,
-                **freed,
-            ),
+        updated = evolve(
+            replica,
+            in_flight=replica.in_flight - 1,
+            interactive_in_flight=replica.interactive_in_flight - interactive,
         )
+        if turn.slot >= 0:
+            updated.__dict__["busy_slots"] = replica.busy_slots - {turn.slot}  # our own copy
+        state = set_replica(state, updated)
     if turn.single_pass:
         return state, []
     count = state.caller_in_flight.get(turn.caller, 0) - 1
@@ -131,16 +129,15 @@ def start_turn(
         order=order,
         slot=-1 if slot is None else slot,
     )
-    state = set_replica(
-        put(state, turns=state.turns.set(turn.id, turn)),
-        evolve(
-            replica,
-            in_flight=replica.in_flight + 1,
-            interactive_in_flight=replica.interactive_in_flight
-            + (held.service_class is ServiceClass.INTERACTIVE),
-            **({} if slot is None else slots.take(replica, slot, held.run_id)),
-        ),
+    updated = evolve(
+        replica,
+        in_flight=replica.in_flight + 1,
+        interactive_in_flight=replica.interactive_in_flight
+        + (held.service_class is ServiceClass.INTERACTIVE),
     )
+    if slot is not None:
+        updated.__dict__.update(slots.take(replica, slot, held.run_id))  # our own copy
+    state = set_replica(put(state, turns=state.turns.set(turn.id, turn)), updated)
     if held.single_pass:
         return state, [], ()
     old = state.runs.get(held.run_id)

@@ -111,6 +111,13 @@ def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int 
     return cap + 1 if replica.in_flight >= cap else cap
 
 
+def limit_of(cap: int | None, slots: int) -> int | None:
+    """A replica's turn limit from its engine-load cap and its engine slots (0: none)."""
+    if not slots:
+        return cap
+    return slots if cap is None else min(cap, slots)
+
+
 def _check_id(name: str, value: str) -> None:
     if not value:
         raise ValueError(f"{name} must not be empty")
@@ -146,6 +153,9 @@ class Replica:
     slots: int = 0
     slot_runs: tuple[str, ...] = ()
     busy_slots: frozenset[int] = frozenset()
+    # Turns it takes at once: the cap, and never more than its slots (`limit_of`); kept as a
+    # field because the placement rules read it several times per event.
+    limit: int | None = None
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -153,13 +163,13 @@ class Replica:
             raise ValueError(f"replica {self.id}: negative counts")
         if len(self.slot_runs) != self.slots:
             raise ValueError(f"replica {self.id}: slot_runs must have one entry per slot")
+        if self.limit != limit_of(self.cap, self.slots):
+            raise ValueError(f"replica {self.id}: limit must follow cap and slots")
 
     @property
     def capacity(self) -> int | None:
         """Turns it takes at once: the engine-load cap, and never more than its slots."""
-        if not self.slots:
-            return self.cap
-        return self.slots if self.cap is None else min(self.cap, self.slots)
+        return self.limit
 
     @property
     def preemptive(self) -> bool:
