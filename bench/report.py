@@ -1,7 +1,8 @@
 """The benchmark report: Markdown tables and a PNG plot from the JSON results.
 
 Run: `.venv/bin/python -m bench.report` (the last step of `make bench` and `make bench-real`).
-Reads whichever of bench/results/{flood,flood_mcp,flood_real,overhead}.json exist and writes
+Reads whichever of bench/results/{flood,flood_keep_tools,flood_mcp,flood_real,flood_real_slots,
+overhead}.json exist (with each flood's unloaded run beside it, `UNLOADED`) and writes
 bench/results/RESULTS.md and bench/results/flood.png. The original product's published
 figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside ours: a ratio against
 the class-blind router compares across test beds, absolute runs/min do not.
@@ -19,8 +20,12 @@ from bench.common import RESULTS
 # Flood results and their titles, in report order.
 FLOODS = {
     "flood": "Own-loop agents through the dataplane, simulated pool",
+    "flood_keep_tools": "Own-loop agents that keep their tools on every turn, through the "
+    "dataplane, simulated pool",
     "flood_mcp": "Sub-agents over MCP through the runtime, simulated pool",
     "flood_real": "Own-loop agents through the dataplane, real pool (llama.cpp, Gemma 3 270M)",
+    "flood_real_slots": "The real pool with engine slots assigned by the scheduler "
+    "(`slots: 4`), against llama.cpp picking them (luftpause-noslots)",
 }
 BASELINE = "router-cache_aware"
 OURS = "luftpause"
@@ -40,6 +45,13 @@ SEED: dict[str, dict[str, tuple[tuple[float, ...], tuple[float, ...], tuple[floa
     },
 }
 SEED_BASELINE = {"flood": "router (class-blind)", "flood_mcp": "runtime straight to the router"}
+# Per flood: the same interactive agents with no batch agents (`--batch 0`). Their rate is the
+# most any admission policy can give the interactive runs in the flood.
+UNLOADED = {
+    "flood": "flood_unloaded",
+    "flood_keep_tools": "flood_unloaded_keep_tools",
+    "flood_mcp": "flood_mcp_unloaded",
+}
 
 
 def _median(values: list[float]) -> float | None:
@@ -115,6 +127,31 @@ def ratios(results: dict[str, list[dict[str, Any]]]) -> dict[str, float] | None:
     return out
 
 
+def unloaded_line(
+    out: str, free: dict[str, list[dict[str, Any]]], flooded: dict[str, list[dict[str, Any]]]
+) -> str:
+    """The interactive agents alone: their run time and rate, and the ceiling that rate puts
+    on the interactive ratio against the baseline in the flood.
+    """
+    shown = ", ".join(
+        f"{arm} {_fmt(_median(_vals(reps, 'interactive', 'run_time_p50_s')))} s "
+        f"({_fmt(_median(_vals(reps, 'interactive', 'runs_per_min')))} runs/min)"
+        for arm, reps in free.items()
+    )
+    line = (
+        f"The same interactive agents with no batch agents (`--batch 0 --out {out}`): "
+        f"interactive run time p50 {shown}."
+    )
+    alone = _median(_vals(free.get(OURS, []), "interactive", "runs_per_min"))
+    base = _median(_vals(flooded.get(BASELINE, []), "interactive", "runs_per_min"))
+    if alone and base:
+        line += (
+            f" No admission can give the interactive runs more than they get alone: at most "
+            f"{alone / base:.2f}x `{BASELINE}` in the flood."
+        )
+    return line
+
+
 def seed_section(name: str) -> str:
     seed = SEED.get(name)
     if seed is None:
@@ -156,18 +193,12 @@ def flood_section(name: str, data: dict[str, Any]) -> str:
         if "run_time_p50_x" in r:
             line += f", interactive run time p50 {r['run_time_p50_x']}x"
         parts += [line + ".", ""]
-    unloaded = RESULTS / "flood_unloaded.json"
-    if name == "flood" and unloaded.exists():
-        free = json.loads(unloaded.read_text())["results"]
-        times = {
-            arm: _median(_vals(reps, "interactive", "run_time_p50_s")) for arm, reps in free.items()
-        }
-        shown = ", ".join(f"{arm} {_fmt(t)} s" for arm, t in times.items())
+    unloaded = RESULTS / f"{UNLOADED.get(name, '-')}.json"
+    if unloaded.exists():
         parts += [
-            "The same interactive agents with no batch agents (`--batch 0 --out flood_unloaded`): "
-            f"interactive run time p50 {shown}.",
-            "",
+            unloaded_line(UNLOADED[name], json.loads(unloaded.read_text())["results"], results)
         ]
+        parts += [""]
     seed = seed_section(name)
     if seed:
         parts += [seed, ""]

@@ -2,7 +2,7 @@
 
 Run after the real-pool flood: `.venv/bin/python -m bench.rereads` reads the engine logs of the
 run in bench/results/flood_real.json (or `--result NAME`: its `logs` directory, its arms and
-repeats); `--logs DIR` adds other runs of the same arms, one repeat each. Writes
+repeats); `--logs DIR` adds other runs of the same arms. Writes
 bench/results/rereads.json (or `--out NAME`).
 
 Each arm starts fresh engines, so an engine log is one segment per arm and repeat, in the order
@@ -66,15 +66,18 @@ def cached(turns: list[tuple[int, int]]) -> tuple[int, int]:
     return sum(p for p, _ in turns), sum(p - e for p, e in turns)
 
 
-def per_arm(logs: Path, arms: list[str], repeats: int) -> dict[str, list[list[int]]]:
+def per_arm(logs: Path, arms: list[str]) -> dict[str, list[list[int]]]:
     """arm -> per repeat [re-read, continuations, prompt tokens, of them cached], summed over
-    the run's engines.
+    the run's engines. The repeats in `logs` are its engine starts per arm (a result grown by
+    `bench.flood --append` names only the last invocation's directory).
     """
-    out = {arm: [[0, 0, 0, 0] for _ in range(repeats)] for arm in arms}
+    out: dict[str, list[list[int]]] = {arm: [] for arm in arms}
     for path in sorted(logs.glob("engine-*.log")):
         segs = segments(path.read_text(errors="replace"))
-        if len(segs) != len(arms) * repeats:
-            raise SystemExit(f"{path}: {len(segs)} engine starts, expected {len(arms) * repeats}")
+        if not segs or len(segs) % len(arms):
+            raise SystemExit(f"{path}: {len(segs)} engine starts, not a whole number per arm")
+        for reps in out.values():
+            reps.extend([0, 0, 0, 0] for _ in range(len(segs) // len(arms) - len(reps)))
         for i, turns in enumerate(segs):
             counts = out[arms[i % len(arms)]][i // len(arms)]
             for k, n in enumerate((*rereads(turns), *cached(turns))):
@@ -89,12 +92,13 @@ def main() -> None:
     p.add_argument("--out", default="rereads", help="result name under bench/results")
     args = p.parse_args()
     flood = json.loads((RESULTS / f"{args.result}.json").read_text())
-    arms, repeats = flood["args"]["arms"], flood["args"]["repeats"]
-    runs = [{"logs": flood["logs"], "per_arm": per_arm(Path(flood["logs"]), arms, repeats)}]
-    runs += [{"logs": str(d), "per_arm": per_arm(d, arms, 1)} for d in args.logs]
+    arms = flood["args"]["arms"]
+    dirs = [Path(flood["logs"]), *args.logs]
+    found = [per_arm(d, arms) for d in dirs]
+    runs = [{"logs": str(d), "per_arm": f} for d, f in zip(dirs, found, strict=True)]
     totals = {arm: [0, 0, 0, 0] for arm in arms}
-    for run in runs:
-        for arm, reps in run["per_arm"].items():
+    for by_arm in found:
+        for arm, reps in by_arm.items():
             for counts in reps:
                 totals[arm] = [a + b for a, b in zip(totals[arm], counts, strict=True)]
     result: dict[str, Any] = {
