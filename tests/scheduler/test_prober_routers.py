@@ -14,11 +14,19 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from luftpause.common.config import Endpoint, parse_config
 from luftpause.scheduler.core.model import Replica
 from luftpause.scheduler.host import SchedulerHost
-from luftpause.scheduler.prober import Load, LoadTarget, Prober, load_targets, sum_loads
+from luftpause.scheduler.prober import (
+    Load,
+    LoadTarget,
+    Prober,
+    engine_slots,
+    load_targets,
+    sum_loads,
+)
 
 PERIOD = 0.2
 
@@ -123,13 +131,17 @@ class FakeServer:
 
 
 @contextlib.asynccontextmanager
-async def running(*servers: FakeServer) -> AsyncIterator[None]:
+async def running(
+    *servers: FakeServer, routes: dict[str, Callable[[web.Request], Any]] | None = None
+) -> AsyncIterator[None]:
     runners = []
     try:
         for server in servers:
             app = web.Application()
             app.router.add_get("/health", server.health)
             app.router.add_get(server.metrics_path, server.prometheus)
+            for path, handler in (routes or {}).items():
+                app.router.add_get(path, handler)
             runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
             await runner.setup()
             runners.append(runner)
@@ -276,3 +288,35 @@ async def test_probes_carry_the_key_and_fail_without_it(monkeypatch: pytest.Monk
             assert not host.state.replicas["hosted"].healthy
             monkeypatch.setenv("HOSTED_KEY", "secret")
             await until(host, "hosted", lambda r: r.healthy)
+
+
+# --- engine slots (llama.cpp /props) ---------------------------------------------------------
+
+
+def test_the_engines_slot_count_is_read_from_total_slots() -> None:
+    assert engine_slots({"total_slots": 4, "model_path": "x"}) == 4
+    for bad in ({}, {"total_slots": "4"}, {"total_slots": 0}, {"total_slots": True}, [], None):
+        assert engine_slots(bad) is None
+
+
+async def test_a_slot_count_unlike_the_engines_is_warned_about_once_per_health() -> None:
+    engine = FakeServer(metrics="llamacpp:requests_processing 0\nllamacpp:requests_deferred 0\n")
+    props_hits = 0
+
+    async def props(request: web.Request) -> web.Response:
+        nonlocal props_hits
+        props_hits += 1
+        return web.json_response({"total_slots": 2})
+
+    async with running(engine, routes={"/props": props}):
+        eps = endpoints({"id": "llama", "url": engine.url, "models": ["m"], "slots": 4})
+        with capture_logs() as logs:
+            async with probing(eps):
+                await probed(lambda: engine.health_hits, rounds=4)
+                engine.health_status = 503
+                await probed(lambda: engine.health_hits, rounds=2)
+                engine.health_status = 200
+                await probed(lambda: engine.health_hits, rounds=3)
+    warned = [e for e in logs if e["event"] == "engine slots differ from the endpoint file"]
+    assert props_hits == 2 and len(warned) == 2  # once, and again after it came back
+    assert (warned[0]["configured"], warned[0]["engine"]) == (4, 2)

@@ -43,8 +43,9 @@ With `slots: N` (N = the server's `--parallel`), the scheduler keeps a table of 
 slot holds: a turn goes back to its run's slot, a new one takes an empty slot, else the slot of
 a run that has finished its last turn, else that of the run paused longest (batch before
 interactive), and the request carries llama.cpp's `id_slot`. At most N turns are in flight
-there. Every turn to the engine must come through luftpause for the table to be right; a wrong
-N makes the engine refuse the turns that name a slot it does not have.
+there. Every turn to the engine must come through luftpause for the table to be right, and N
+must be the engine's slot count: the scheduler's prober compares it with llama.cpp's `/props`
+and logs a warning when they differ.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from

@@ -13,6 +13,10 @@ is left out of the sum; when no target gives a load, the router reports no load.
 `Authorization: Bearer <key>` when the endpoint's key variable is set; a `load_from` URL (an
 engine that is not a replica) gets no key.
 
+An endpoint with engine `slots` (llama.cpp) is also asked once each time it turns healthy how
+many slots it has (`GET /props`, `total_slots`); when that differs from the file, the prober
+logs a warning: the scheduler would name slots the engine does not have, or leave some unused.
+
 Engine metric names understood (running, waiting), first match wins:
   SGLang     sglang:num_running_reqs      sglang:num_queue_reqs
   vLLM       vllm:num_requests_running    vllm:num_requests_waiting
@@ -121,6 +125,14 @@ def load_targets(endpoint: Endpoint, by_id: Mapping[str, Endpoint]) -> tuple[Loa
     return tuple(targets)
 
 
+def engine_slots(props: object) -> int | None:
+    """The slot count llama.cpp's `/props` reports (`total_slots`), or None."""
+    if not isinstance(props, dict):
+        return None
+    n = props.get("total_slots")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 def _auth(api_key_env: str) -> dict[str, str]:
     key = os.environ.get(api_key_env, "") if api_key_env else ""
     return {"Authorization": f"Bearer {key}"} if key else {}
@@ -142,6 +154,9 @@ class Prober:
         by_id = {e.id: e for e in endpoints}
         self._targets = {e.id: load_targets(e, by_id) for e in endpoints}
         self._session: aiohttp.ClientSession | None = None
+        # Endpoints with slots whose engine's count was read since they last turned healthy.
+        self._slots_read: set[str] = set()
+        self._checks: set[asyncio.Task[None]] = set()
 
     async def probe(self, endpoint: Endpoint) -> ProbeResult:
         """One probe of one endpoint: health and load read concurrently, bounded by the period."""
@@ -197,20 +212,54 @@ class Prober:
 
     async def probe_all(self) -> None:
         results = await asyncio.gather(*(self.probe(e) for e in self.endpoints))
-        for result in results:
+        for endpoint, result in zip(self.endpoints, results, strict=True):
             before = self.host.state.replicas.get(result.replica_id)
             if before is not None and before.healthy != result.healthy:
                 log.info(
                     "replica health changed", replica=result.replica_id, healthy=result.healthy
                 )
             self.host.apply(result)
+            if not result.healthy:
+                self._slots_read.discard(endpoint.id)
+            elif endpoint.slots and endpoint.id not in self._slots_read:
+                self._slots_read.add(endpoint.id)  # an engine restart may change its count
+                task = asyncio.create_task(self.check_slots(endpoint))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
+
+    async def check_slots(self, endpoint: Endpoint) -> None:
+        """Warn when the engine's slot count (llama.cpp `/props`) is not the endpoint's."""
+        assert self._session is not None
+        try:
+            async with asyncio.timeout(self.period):
+                async with self._session.get(
+                    endpoint.base_url + "/props", headers=_auth(endpoint.api_key_env)
+                ) as resp:
+                    props = await resp.json(content_type=None) if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.debug("props unreadable", replica=endpoint.id, error=str(exc) or type(exc).__name__)
+            return
+        engine = engine_slots(props)
+        if engine is None:
+            log.info("engine reports no slot count", replica=endpoint.id, slots=endpoint.slots)
+        elif engine != endpoint.slots:
+            log.warning(
+                "engine slots differ from the endpoint file",
+                replica=endpoint.id,
+                configured=endpoint.slots,
+                engine=engine,
+            )
 
     async def run(self) -> None:
         """Probe at once, then every period, until cancelled."""
         timeout = aiohttp.ClientTimeout(total=self.period, connect=self.period)
         async with aiohttp.ClientSession(timeout=timeout) as self._session:
-            while True:
-                started = asyncio.get_running_loop().time()
-                await self.probe_all()
-                elapsed = asyncio.get_running_loop().time() - started
-                await asyncio.sleep(max(self.period - elapsed, 0.0))
+            try:
+                while True:
+                    started = asyncio.get_running_loop().time()
+                    await self.probe_all()
+                    elapsed = asyncio.get_running_loop().time() - started
+                    await asyncio.sleep(max(self.period - elapsed, 0.0))
+            finally:
+                for task in self._checks:
+                    task.cancel()
