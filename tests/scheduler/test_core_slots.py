@@ -21,7 +21,7 @@ from luftpause.scheduler.core.events import (
 from luftpause.scheduler.core.model import ServiceClass, State
 from luftpause.scheduler.core.placement import open_replicas
 from luftpause.scheduler.core.status import status_view
-from tests.scheduler.helpers import MODEL, admit, endpoint, finish, placed
+from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed
 
 BATCH = ServiceClass.BATCH
 
@@ -76,20 +76,38 @@ def test_a_new_run_overwrites_a_finished_run_before_a_paused_one() -> None:
     assert state.replicas["a"].slot_runs == ("paused", "new")
 
 
-def test_paused_runs_lose_their_slot_batch_first_then_the_longest_paused() -> None:
+def test_paused_runs_lose_their_slot_batch_first_then_the_latest_paused() -> None:
     state = slotted("a", slots=3)
     runs = [("i-old", ServiceClass.INTERACTIVE), ("b-new", BATCH), ("b-old", BATCH)]
     for n, (run, cls) in enumerate(runs):
         state, _ = admit(state, f"t{n}", run, cls=cls)
-    # Paused in this order: b-old before b-new; i-old first of all.
+    # Paused in this order: i-old, b-old, b-new. With tools that take about as long, the run
+    # paused last comes back last: its context is wanted last.
     for turn, at in (("t0", 2.0), ("t2", 3.0), ("t1", 4.0)):
         state, _ = finish(state, turn, tool_calls=True, at=at)
     state, actions = admit(state, "x1", "new1", at=5.0)
-    assert slot_of(actions, "x1") == 2  # b-old's
+    assert slot_of(actions, "x1") == 1  # b-new's
     state, actions = admit(state, "x2", "new2", at=5.0)
-    assert slot_of(actions, "x2") == 1  # b-new's; the interactive run keeps its slot
+    assert slot_of(actions, "x2") == 2  # b-old's; the interactive run keeps its slot
     state, actions = admit(state, "t9", "i-old", at=6.0)
     assert slot_of(actions, "t9") == 0
+
+
+def test_a_run_whose_next_turn_is_held_keeps_its_slot_over_one_still_in_its_tool() -> None:
+    # Three slots, but the engine queued, so only one turn at a time. a's next turn waits
+    # behind a new run's; x, paused last, is still in its tool: its slot goes to the new run.
+    state = slotted("a", slots=3)
+    for turn, run in (("a1", "a"), ("b1", "b"), ("x1", "x")):
+        state, _ = admit(state, turn, run, cls=BATCH)
+    state, _ = finish(state, "a1", tool_calls=True, at=2.0)
+    state, _ = finish(state, "b1", tool_calls=True, at=3.0)
+    state = cap(state, "a", 1, at=4.0)
+    state, _ = admit(state, "n1", "new", cls=BATCH, at=4.5)
+    state, _ = admit(state, "a2", "a", cls=BATCH, at=4.6)
+    assert {"n1", "a2"} <= set(state.held)
+    state, actions = finish(state, "x1", tool_calls=True, at=5.0)
+    assert placed(actions) == {"n1": "a"} and slot_of(actions, "n1") == 2  # x's
+    assert state.replicas["a"].slot_runs == ("a", "b", "new")
 
 
 def test_a_forgotten_run_or_one_gone_elsewhere_frees_its_slot_first() -> None:

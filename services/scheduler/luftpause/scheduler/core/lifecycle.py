@@ -115,7 +115,7 @@ def start_turn(
     if queued:
         state = queues.remove(state, held)
     state, order = expiry.order_turn(state, held.id)
-    slot = slots.pick(replica, held.run_id, state.runs) if replica.slots else None
+    slot = slots.pick(state, replica, held.run_id) if replica.slots else None
     turn = Turn(
         id=held.id,
         run_id=held.run_id,
