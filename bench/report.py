@@ -2,8 +2,8 @@
 
 Run: `.venv/bin/python -m bench.report` (the last step of `make bench` and `make bench-real`).
 Reads whichever of bench/results/{flood,flood_keep_tools,flood_mcp,flood_real,flood_real_slots,
-overhead}.json exist (with each flood's unloaded run beside it, `UNLOADED`) and writes
-bench/results/RESULTS.md and bench/results/flood.png. The original product's published
+flood_real_wanted,overhead}.json exist (with each flood's unloaded run beside it, `UNLOADED`)
+and writes bench/results/RESULTS.md and bench/results/flood.png. The original product's published
 figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside ours: a ratio against
 the class-blind router compares across test beds, absolute runs/min do not.
 """
@@ -26,6 +26,8 @@ FLOODS = {
     "flood_real": "Own-loop agents through the dataplane, real pool (llama.cpp, Gemma 3 270M)",
     "flood_real_slots": "The real pool with engine slots assigned by the scheduler "
     "(`slots: 4`), against llama.cpp picking them (luftpause-noslots)",
+    "flood_real_wanted": "The real pool again, once the scheduler's slot order evicts the "
+    "context wanted last",
 }
 BASELINE = "router-cache_aware"
 OURS = "luftpause"

@@ -40,10 +40,10 @@ Engine slots (`slots`). llama.cpp's server keeps one conversation's KV cache per
 shares the longest prefix with it. Runs that share a preamble all look alike to it, so a new run
 often overwrites the slot of a run paused on a tool, which then reads its whole context again.
 With `slots: N` (N = the server's `--parallel`), the scheduler keeps a table of which run each
-slot holds: a turn goes back to its run's slot, a new one takes an empty slot, else the slot of
-a run that has finished its last turn, else that of the run paused longest (batch before
-interactive), and the request carries llama.cpp's `id_slot`. At most N turns are in flight
-there. Every turn to the engine must come through luftpause for the table to be right, and N
+slot holds: a turn goes back to its run's slot, else it takes the slot whose content will be
+wanted again last (empty, a finished run's, then paused runs', batch before interactive; see
+`scheduler.core.slots`), and the request carries llama.cpp's `id_slot`. At most N turns are in
+flight there. Every turn to the engine must come through luftpause for the table to be right, and N
 must be the engine's slot count: the scheduler's prober compares it with llama.cpp's `/props`
 and logs a warning when they differ.
 
