@@ -19,21 +19,8 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
+from luftpause.testkit.agents import LOOKUP_TOOL
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
-
-TOOLS: Any = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "parameters": {
-                "type": "object",
-                "properties": {"q": {"type": "string"}},
-                "required": ["q"],
-            },
-        },
-    }
-]
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -59,7 +46,7 @@ class Agent:
         reply = await self.client.chat.completions.create(
             model=SIM_MODEL,
             messages=self.messages,
-            tools=TOOLS,
+            tools=LOOKUP_TOOL,
             max_tokens=16,
             extra_headers={"x-luftpause-run-id": self.run},
             extra_body=extra or None,

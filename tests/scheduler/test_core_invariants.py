@@ -433,7 +433,7 @@ class CoreMachine(RuleBasedStateMachine):
             assert replica.paused_interactive == paused[rid]
             assert replica.busy_slots == {slot for r, slot in slotted if r == rid}
             assert len(replica.slot_runs) == replica.slots == SLOTS.get(rid, 0)
-            assert replica.limit == limit_of(replica.cap, replica.slots)
+            assert replica.capacity == limit_of(replica.cap, replica.slots)
         assert dict(s.caller_in_flight.items()) == dict(per_caller)
         per_run = Counter(t.run_id for t in s.turns.values())
         for run in s.runs.values():

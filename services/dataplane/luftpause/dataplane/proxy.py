@@ -143,8 +143,9 @@ async def _admit_and_proxy(
     turn.placed(replica_id)
     url = replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
-    engine_fields = {"priority": priority, "id_slot": slot}
-    body = with_fields(body, {k: v for k, v in engine_fields.items() if v is not None})
+    if priority is not None or slot is not None:  # most engines take the client's body as is
+        fields = {"priority": priority, "id_slot": slot}
+        body = with_fields(body, {k: v for k, v in fields.items() if v is not None})
     turn.started()
     try:
         engine = await dp.transport.send(url, headers, body)

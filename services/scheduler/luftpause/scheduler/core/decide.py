@@ -90,7 +90,7 @@ def initial_state(
             priority=e.priority,
             slots=e.slots,
             slot_runs=("",) * e.slots,
-            limit=limit_of(None, e.slots),
+            capacity=limit_of(None, e.slots),
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
@@ -299,7 +299,7 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
         engine_running=ev.running,
         engine_waiting=ev.waiting,
         cap=cap,
-        limit=limit_of(cap, replica.slots),
+        capacity=limit_of(cap, replica.slots),
     )
     state = set_replica(state, updated)
     return _drain(state, queues.buckets_for_replica(state, replica.id), ev.at)

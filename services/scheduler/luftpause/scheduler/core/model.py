@@ -153,9 +153,9 @@ class Replica:
     slots: int = 0
     slot_runs: tuple[str, ...] = ()
     busy_slots: frozenset[int] = frozenset()
-    # Turns it takes at once: the cap, and never more than its slots (`limit_of`); kept as a
-    # field because the placement rules read it several times per event.
-    limit: int | None = None
+    # Turns it takes at once: the cap, and never more than its slots (`limit_of`); a field,
+    # not a property, because the placement rules read it several times per event.
+    capacity: int | None = None
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -163,13 +163,8 @@ class Replica:
             raise ValueError(f"replica {self.id}: negative counts")
         if len(self.slot_runs) != self.slots:
             raise ValueError(f"replica {self.id}: slot_runs must have one entry per slot")
-        if self.limit != limit_of(self.cap, self.slots):
-            raise ValueError(f"replica {self.id}: limit must follow cap and slots")
-
-    @property
-    def capacity(self) -> int | None:
-        """Turns it takes at once: the engine-load cap, and never more than its slots."""
-        return self.limit
+        if self.capacity != limit_of(self.cap, self.slots):
+            raise ValueError(f"replica {self.id}: capacity must follow cap and slots")
 
     @property
     def preemptive(self) -> bool:

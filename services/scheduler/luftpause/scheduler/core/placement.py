@@ -36,7 +36,7 @@ _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     """Whether `replica` can take one more turn of `service_class` now."""
-    cap = replica.limit
+    cap = replica.capacity
     if cap is None:
         return True
     free = cap - replica.in_flight
@@ -51,7 +51,7 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
 
 def is_open(replica: Replica) -> bool:
     """Every turn fits on `replica` now: a dataplane may place turns there itself."""
-    return replica.healthy and replica.limit is None and replica.kind is EndpointKind.GENERATIVE
+    return replica.healthy and replica.capacity is None and replica.kind is EndpointKind.GENERATIVE
 
 
 def open_replicas(state: State) -> tuple[Replica, ...]:
@@ -127,7 +127,7 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
         replica = replicas[rid]
         if not replica.healthy or not has_room(replica, cls):
             continue
-        cap = replica.limit
+        cap = replica.capacity
         key = (replica.in_flight / cap if cap else 0.0, replica.in_flight, rid)
         if best is None or key < best_key:
             best, best_key = replica, key
