@@ -34,6 +34,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from luftpause.common.config import Endpoint, Priorities
+from luftpause.scheduler.core import slots
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
     Action,
@@ -69,6 +70,7 @@ from luftpause.scheduler.core.queues import bucket_of
 REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
 PREEMPTIVE = Priorities(interactive=0, batch=100, preemptive=True)
 SLOTS = {"b": 2}  # b's engine slots are the scheduler's to assign
+SAVES = {"b": 2}  # and it keeps two saved contexts on its engine's disk
 RUNS = [f"r{i}" for i in range(8)]
 CALLERS = ["x", "y", "z"]
 DATAPLANES = ["dp1", "dp2"]
@@ -112,6 +114,7 @@ class CoreMachine(RuleBasedStateMachine):
                 models=frozenset(m),
                 priority=PREEMPTIVE if r == "c" else None,
                 slots=SLOTS.get(r, 0),
+                slot_saves=SAVES.get(r, 0),
             )
             for r, m in REPLICAS.items()
         ]
@@ -145,6 +148,24 @@ class CoreMachine(RuleBasedStateMachine):
         self.check_placements(before, event, actions)
         return actions
 
+    def check_saves(self, before: State, action: Place, turn: Turn) -> None:
+        """A save keeps the context of a run that comes back, in a file not read by the same
+        turn; a restore reads the placed run's own file, never when its context is in the slot.
+        """
+        if action.slot_save is None and action.slot_restore is None:
+            return
+        old = before.replicas[action.replica_id]
+        files = {slots.save_file(old.id, i): i for i in range(len(old.saves))}
+        holder = old.slot_runs[turn.slot]
+        assert holder != turn.run_id, "a slot holding the run's own context was moved"
+        assert action.slot_save != action.slot_restore, "a file saved and read by one turn"
+        if action.slot_restore is not None:
+            assert old.saves[files[action.slot_restore]] == turn.run_id, "restored another run"
+        if action.slot_save is not None:
+            run = before.runs.get(holder)
+            assert run is not None and run.replica == old.id and run.phase is not Phase.IDLE
+            assert self.state.replicas[old.id].saves[files[action.slot_save]] == holder
+
     def check_placements(self, before: State, event: Event, actions: tuple[Action, ...]) -> None:
         after = self.state
         places = [a for a in actions if isinstance(a, Place)]
@@ -154,6 +175,7 @@ class CoreMachine(RuleBasedStateMachine):
             replica = after.replicas[action.replica_id]
             turn = after.turns[action.turn_id]
             assert action.engine_slot == (turn.slot if turn.slot >= 0 else None)
+            self.check_saves(before, action, turn)
             if replica.slots and replica.in_flight <= replica.slots:
                 assert turn.slot >= 0, "a slot was free but the turn got none"
             old = before.replicas[replica.id]
@@ -433,6 +455,9 @@ class CoreMachine(RuleBasedStateMachine):
             assert replica.paused_interactive == paused[rid]
             assert replica.busy_slots == {slot for r, slot in slotted if r == rid}
             assert len(replica.slot_runs) == replica.slots == SLOTS.get(rid, 0)
+            assert len(replica.saves) == SAVES.get(rid, 0)
+            kept = [run for run in replica.saves if run]
+            assert len(kept) == len(set(kept)), "one run's context in two files"
             assert replica.capacity == limit_of(replica.cap, replica.slots)
         assert dict(s.caller_in_flight.items()) == dict(per_caller)
         per_run = Counter(t.run_id for t in s.turns.values())

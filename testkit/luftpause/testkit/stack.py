@@ -30,6 +30,8 @@ class LocalStack:
     preemptive: bool = False
     # The endpoints' `slots`: engine slots the scheduler assigns (0: none).
     slots: int = 0
+    # The endpoints' `slot_saves` (needs `slots`; pass the engines `--slot-saves` to answer).
+    slot_saves: int = 0
     engine_ports: list[int] = field(default_factory=list)
     grpc_port: int = 0
     http_port: int = 0
@@ -55,6 +57,8 @@ class LocalStack:
                 )
             if self.slots:
                 lines.append(f"    slots: {self.slots}")
+            if self.slot_saves:
+                lines.append(f"    slot_saves: {self.slot_saves}")
             await self._spawn(
                 stack,
                 eid,

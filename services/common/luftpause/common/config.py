@@ -17,6 +17,7 @@ File format (YAML, or TOML by extension)::
         load_from: [engine-x]        # a router: read its load from these (optional, see below)
         priority: {interactive: 0, batch: 100, preemptive: true}  # see below (optional)
         slots: 4                     # llama.cpp's --parallel: luftpause picks the slot (optional)
+        slot_saves: 8                # contexts saved on the engine's disk (optional, see below)
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -46,6 +47,21 @@ wanted again last (empty, a finished run's, then paused runs', batch before inte
 flight there. Every turn to the engine must come through luftpause for the table to be right, and N
 must be the engine's slot count: the scheduler's prober compares it with llama.cpp's `/props`
 and logs a warning when they differ.
+
+Saved contexts (`slot_saves`, with `slots`). When every slot holds a run that will come back,
+a turn still has to take one of them, and the run it held reads its whole context again on its
+next turn. llama.cpp can save a slot's KV cache to a file and load it back into any slot
+(`POST /slots/{id}?action=save|restore`, enabled by starting the server with
+`--slot-save-path DIR`). With `slot_saves: K`, before a turn takes a slot whose run is paused
+on a tool or has a turn held, the dataplane saves that slot to one of K files, and a run whose
+slot was taken gets its context restored from its file before its next turn: milliseconds
+instead of a second prefill. Which run each file holds is kept by the scheduler like the slots
+(a file goes to the context wanted again soonest). The files are named
+`luftpause-<endpoint id>-<k>.bin`, and luftpause overwrites them and never writes more than K per
+endpoint, so the engine's disk holds at most K contexts' KV (llama.cpp has no call to delete
+one; remove them when the engine is gone). A failed save or restore only costs the prefill: the
+turn goes on and the dataplane counts it in `luftpause_dataplane_slot_actions`. llama.cpp
+checks a restored context's tokens against the prompt, so a stale file is never used wrongly.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from
@@ -118,6 +134,8 @@ class Endpoint:
     priority: Priorities | None = None
     # Engine slots luftpause assigns (llama.cpp's --parallel); 0: the engine picks.
     slots: int = 0
+    # Slot contexts saved to the engine's disk and restored (llama.cpp --slot-save-path); 0: none.
+    slot_saves: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -126,6 +144,10 @@ class Endpoint:
             raise ConfigError(f"endpoint {self.id}: slots must be >= 0")
         if self.slots and self.kind is not EndpointKind.GENERATIVE:
             raise ConfigError(f"endpoint {self.id}: slots are for generative endpoints")
+        if self.slot_saves < 0:
+            raise ConfigError(f"endpoint {self.id}: slot_saves must be >= 0")
+        if self.slot_saves and not self.slots:
+            raise ConfigError(f"endpoint {self.id}: slot_saves needs slots (saves are per slot)")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(
@@ -226,6 +248,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "load_from",
         "priority",
         "slots",
+        "slot_saves",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -244,6 +267,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         load_from=_str_list(raw.get("load_from", []), f"{where}.load_from"),
         priority=_priorities(raw.get("priority"), f"{where}.priority"),
         slots=_count(raw.get("slots", 0), f"{where}.slots"),
+        slot_saves=_count(raw.get("slot_saves", 0), f"{where}.slot_saves"),
     )
 
 

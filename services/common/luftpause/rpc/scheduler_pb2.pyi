@@ -48,20 +48,24 @@ class AdmitRequest(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority", "engine_slot")
+    __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority", "engine_slot", "slot_save", "slot_restore")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_URL_FIELD_NUMBER: _ClassVar[int]
     HELD_MS_FIELD_NUMBER: _ClassVar[int]
     ENGINE_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     ENGINE_SLOT_FIELD_NUMBER: _ClassVar[int]
+    SLOT_SAVE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_RESTORE_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     replica_id: str
     replica_url: str
     held_ms: float
     engine_priority: int
     engine_slot: int
-    def __init__(self, turn_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_url: _Optional[str] = ..., held_ms: _Optional[float] = ..., engine_priority: _Optional[int] = ..., engine_slot: _Optional[int] = ...) -> None: ...
+    slot_save: str
+    slot_restore: str
+    def __init__(self, turn_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_url: _Optional[str] = ..., held_ms: _Optional[float] = ..., engine_priority: _Optional[int] = ..., engine_slot: _Optional[int] = ..., slot_save: _Optional[str] = ..., slot_restore: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")

@@ -54,6 +54,21 @@ class Metrics:
             "to the scheduler (the rest were placed by the scheduler).",
             registry=self.registry,
         )
+        actions = Counter(
+            "luftpause_dataplane_slot_actions",
+            "llama.cpp slot saves and restores around turns (endpoint `slot_saves`), by action "
+            "and outcome; a failed one costs a prefill, never the turn.",
+            ["action", "outcome"],
+            registry=self.registry,
+        )
+        self._slot_actions = {
+            (action, ok): actions.labels(action, "ok" if ok else "failed")
+            for action in ("save", "restore")
+            for ok in (True, False)
+        }
+
+    def slot_action(self, action: str, ok: bool) -> None:
+        self._slot_actions[(action, ok)].inc()
 
     def turn(
         self, service_class: ServiceClass, outcome: str, request_bytes: int, response_bytes: int

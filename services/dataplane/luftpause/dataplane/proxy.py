@@ -7,8 +7,9 @@ started, send the client's bytes to the replica, relay the reply's bytes unchang
 observing it, report the end.
 
 `started` is reported right before the request goes to the engine: after the Admit reply and
-the check that the client is still there. So it precedes every outcome (a refused connection
-gives started + failed, as does a 429) and marks, for stream and non-stream turns alike, when
+the check that the client is still there, and before a saved slot context is moved (see
+`slotfiles`). So it precedes every outcome (a refused connection gives started + failed, as does
+a 429) and marks, for stream and non-stream turns alike, when
 the scheduler's hold ended and the engine's work began; `first_token` is reported for streams
 only, after the chunk that carried it was sent on.
 
@@ -50,6 +51,7 @@ from luftpause.dataplane.identity import cut_caller, echoed_tool_call_ids, parse
 from luftpause.dataplane.local import choose_open
 from luftpause.dataplane.middleware import json_error
 from luftpause.dataplane.reply import summarize_completion
+from luftpause.dataplane.slotfiles import prepare_slot
 from luftpause.dataplane.sse import SseObserver
 from luftpause.dataplane.transport import EngineResponse
 from luftpause.dataplane.turn import Turn
@@ -124,6 +126,7 @@ async def _admit_and_proxy(
         replica_id, replica_url = local.replica_id, local.url
         priority = local.engine_priority(turn.service_class)
         slot = None  # an open replica has no slots to assign
+        save = restore = None
         admit.placed_replica_id = replica_id
         dp.link.placed(admit)
         dp.metrics.placed_locally.inc()
@@ -140,6 +143,8 @@ async def _admit_and_proxy(
         replica_id, replica_url = reply.replica_id, reply.replica_url
         priority = reply.engine_priority if reply.HasField("engine_priority") else None
         slot = reply.engine_slot if reply.HasField("engine_slot") else None
+        save = reply.slot_save if reply.HasField("slot_save") else None
+        restore = reply.slot_restore if reply.HasField("slot_restore") else None
     turn.placed(replica_id)
     url = replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
@@ -147,6 +152,17 @@ async def _admit_and_proxy(
         fields = {"priority": priority, "id_slot": slot}
         body = with_fields(body, {k: v for k, v in fields.items() if v is not None})
     turn.started()
+    if slot is not None and (save is not None or restore is not None):
+        await prepare_slot(
+            dp.transport,
+            dp.metrics,
+            replica_id=replica_id,
+            replica_url=replica_url,
+            api_key=dp.api_keys.get(replica_id, ""),
+            slot=slot,
+            save=save,
+            restore=restore,
+        )
     try:
         engine = await dp.transport.send(url, headers, body)
     except EngineUnreachable as exc:

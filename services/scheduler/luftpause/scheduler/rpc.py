@@ -185,6 +185,8 @@ def _reply(place: e.Place) -> pb.AdmitReply:
         held_ms=place.held_s * 1000.0,
         engine_priority=place.engine_priority,
         engine_slot=place.engine_slot,
+        slot_save=place.slot_save,
+        slot_restore=place.slot_restore,
     )
 
 

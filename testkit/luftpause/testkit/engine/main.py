@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="rate-limit window in simulated seconds",
     )
     add("--require-key", default=None, help="answer 401 unless Authorization: Bearer KEY")
+    add(
+        "--slot-saves",
+        action="store_true",
+        help="answer llama.cpp's POST /slots/{id}?action=save|restore (its --slot-save-path); "
+        "off: 501 as llama.cpp without it",
+    )
     add("--tls-cert", metavar="FILE", default=None, help="serve https: PEM certificate chain")
     add("--tls-key", metavar="FILE", default=None, help="serve https: PEM private key")
     return p
@@ -128,6 +134,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         tpm=args.tpm,
         rate_window_s=args.rate_window_s,
         require_key=args.require_key,
+        slot_saves=args.slot_saves,
     )
 
 

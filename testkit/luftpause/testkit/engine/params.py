@@ -85,6 +85,8 @@ class SimParams:
     tpm: int | None = None
     rate_window_s: float = 60.0
     require_key: str | None = None
+    # Answer llama.cpp's slot save/restore calls (as llama-server with --slot-save-path).
+    slot_saves: bool = False
     debug_log_size: int = 1000
 
     def __post_init__(self) -> None:

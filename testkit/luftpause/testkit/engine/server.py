@@ -65,6 +65,8 @@ class Simulator:
             time_scale=params.time_scale,
         )
         self.debug_log: deque[dict[str, Any]] = deque(maxlen=params.debug_log_size)
+        # Slot save files by name: the slot each was saved from (`--slot-saves`).
+        self.slot_files: dict[str, int] = {}
         self.started = int(time.time())
         self.reset_counters()
 
@@ -294,6 +296,48 @@ async def prometheus(request: web.Request) -> web.StreamResponse:
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
+async def slot_action(request: web.Request) -> web.StreamResponse:
+    """llama.cpp's `POST /slots/{id}?action=save|restore`, with its answers and errors.
+
+    The simulator keeps no KV per slot (its prefix cache is the pool's), so a save records the
+    file and a restore checks it exists; the debug log shows what was asked, in order.
+    """
+    sim = request.app[SIM]
+    entry = sim.note(request, count=False)
+    if not sim.params.slot_saves:
+        raise HttpError(
+            501,
+            "This server does not support slots action. Start it with `--slot-save-path`",
+            "not_supported_error",
+        )
+    sim.check_key(request)
+    action = request.query.get("action", "")
+    try:
+        slot = int(request.match_info["slot"])
+    except ValueError:
+        raise HttpError(400, "Invalid slot id") from None
+    body = decode_body(await request.read())
+    filename = body.get("filename")
+    entry.update(slot_action=action, id_slot=slot, filename=filename)
+    if action not in ("save", "restore"):
+        raise HttpError(400, "Invalid action")
+    if not isinstance(filename, str) or not _valid_filename(filename):
+        raise HttpError(400, "Invalid filename")
+    if action == "save":
+        sim.slot_files[filename] = slot
+        return web.json_response({"id_slot": slot, "filename": filename, "n_saved": 0})
+    if filename not in sim.slot_files:
+        raise HttpError(
+            400, "Unable to restore slot: No available space in KV cache or invalid slot save file"
+        )
+    return web.json_response({"id_slot": slot, "filename": filename, "n_restored": 0})
+
+
+def _valid_filename(name: str) -> bool:
+    """A bare file name, as llama.cpp's `fs_validate_filename` wants (the common part)."""
+    return 0 < len(name) <= 255 and not any(c in name for c in '/\\:*?"<>|') and ".." not in name
+
+
 async def debug_requests(request: web.Request) -> web.StreamResponse:
     return web.json_response({"requests": list(request.app[SIM].debug_log)})
 
@@ -342,6 +386,7 @@ def make_app(params: SimParams) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", prometheus)
+    app.router.add_post("/slots/{slot}", slot_action)
     app.router.add_get("/debug/requests", debug_requests)
     app.router.add_post("/debug/reset", debug_reset)
     return app

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core import expiry, lifecycle, queues
+from luftpause.scheduler.core import expiry, lifecycle, queues, slots
 from luftpause.scheduler.core.events import (
     Action,
     Admit,
@@ -90,6 +90,7 @@ def initial_state(
             priority=e.priority,
             slots=e.slots,
             slot_runs=("",) * e.slots,
+            saves=("",) * e.slot_saves,
             capacity=limit_of(None, e.slots),
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
@@ -214,14 +215,26 @@ def _place_action(
     state: State, turn_id: str, replica: Replica, service_class: ServiceClass, held_s: float
 ) -> Place:
     """The Place for turn `turn_id`, as placed on `replica` in `state`."""
-    slot = state.turns[turn_id].slot if replica.slots else -1
+    if not replica.slots:
+        return Place(
+            turn_id=turn_id,
+            replica_id=replica.id,
+            replica_url=replica.url,
+            held_s=held_s,
+            engine_priority=replica.engine_priority(service_class),
+        )
+    turn = state.turns[turn_id]
     return Place(
         turn_id=turn_id,
         replica_id=replica.id,
         replica_url=replica.url,
         held_s=held_s,
         engine_priority=replica.engine_priority(service_class),
-        engine_slot=slot if slot >= 0 else None,
+        engine_slot=turn.slot if turn.slot >= 0 else None,
+        slot_save=slots.save_file(replica.id, turn.save_to) if turn.save_to >= 0 else None,
+        slot_restore=(
+            slots.save_file(replica.id, turn.restore_from) if turn.restore_from >= 0 else None
+        ),
     )
 
 

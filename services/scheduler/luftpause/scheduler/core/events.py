@@ -174,6 +174,10 @@ class Place:
     engine_priority: int | None = None
     # The engine slot (llama.cpp `id_slot`) the request names; None lets the engine pick.
     engine_slot: int | None = None
+    # Before the request, save the slot's content to this file of the engine, then restore the
+    # run's context from that one (endpoint `slot_saves`); None for neither.
+    slot_save: str | None = None
+    slot_restore: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -116,6 +116,7 @@ def start_turn(
         state = queues.remove(state, held)
     state, order = expiry.order_turn(state, held.id)
     slot = slots.pick(state, replica, held.run_id) if replica.slots else None
+    save, restore = (-1, -1) if slot is None else slots.offload(state, replica, slot, held.run_id)
     turn = Turn(
         id=held.id,
         run_id=held.run_id,
@@ -128,6 +129,8 @@ def start_turn(
         single_pass=held.single_pass,
         order=order,
         slot=-1 if slot is None else slot,
+        save_to=save,
+        restore_from=restore,
     )
     updated = evolve(
         replica,
@@ -136,7 +139,10 @@ def start_turn(
         + (held.service_class is ServiceClass.INTERACTIVE),
     )
     if slot is not None:
-        updated.__dict__.update(slots.take(replica, slot, held.run_id))  # our own copy
+        if save >= 0 or restore >= 0:
+            holder = replica.slot_runs[slot]
+            updated.__dict__.update(slots.keep(replica, save, restore, holder))  # our own copy
+        updated.__dict__.update(slots.take(replica, slot, held.run_id))
     state = set_replica(put(state, turns=state.turns.set(turn.id, turn)), updated)
     if held.single_pass:
         return state, [], ()

@@ -153,6 +153,8 @@ class Replica:
     slots: int = 0
     slot_runs: tuple[str, ...] = ()
     busy_slots: frozenset[int] = frozenset()
+    # Per save file of its engine (endpoint `slot_saves`) the run whose context it holds ("").
+    saves: tuple[str, ...] = ()
     # Turns it takes at once: the cap, and never more than its slots (`limit_of`); a field,
     # not a property, because the placement rules read it several times per event.
     capacity: int | None = None
@@ -163,6 +165,8 @@ class Replica:
             raise ValueError(f"replica {self.id}: negative counts")
         if len(self.slot_runs) != self.slots:
             raise ValueError(f"replica {self.id}: slot_runs must have one entry per slot")
+        if self.saves and not self.slots:
+            raise ValueError(f"replica {self.id}: saves need slots")
         if self.capacity != limit_of(self.cap, self.slots):
             raise ValueError(f"replica {self.id}: capacity must follow cap and slots")
 
@@ -226,6 +230,10 @@ class Turn:
     order: int = 0
     # The engine slot it runs in (replica `slots`); -1 when the engine picked.
     slot: int = -1
+    # Save files (replica `saves`): the one the slot's content is saved to before the turn, and
+    # the one its run's context is restored from; -1 for none.
+    save_to: int = -1
+    restore_from: int = -1
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)

@@ -17,16 +17,35 @@ content will be wanted again last, as a cache evicts the entry used furthest in 
 Within a group, the run that will be wanted last goes first: in a tool call, the one paused
 most recently; held, the one whose turn arrived last. Then the lowest slot. None when every
 slot is busy (the turn then goes without a slot and the engine picks, as before).
+
+Save files (replica `saves`, endpoint `slot_saves`). A slot taken from a run in groups 2 to 5
+(it comes back) is saved first to one of the engine's K files, and a run whose slot was taken
+has its context restored from its file into the slot its next turn gets (`offload`). Files are
+kept by the same order: a file whose run will not come back is free; else the one wanted last
+is overwritten, and only for a context wanted sooner than it. A restored file is free again
+(its context is back in a slot), and a save never goes to the file restored by the same turn:
+the dataplane saves before it restores.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+
 from luftpause.scheduler.core.model import Phase, Replica, ServiceClass, State
+
+# Groups whose run will come back to its context: worth a save.
+_COMES_BACK = 2
 
 
 def _wanted(state: State, replica: Replica, slot: int) -> tuple[int, float]:
     """When `slot`'s content is wanted again, as (group, order): lower is later, evict first."""
-    holder = state.runs.get(replica.slot_runs[slot]) if replica.slot_runs[slot] else None
+    return _run_wanted(state, replica, replica.slot_runs[slot])
+
+
+def _run_wanted(state: State, replica: Replica, run_id: str) -> tuple[int, float]:
+    """When the context of `run_id` on `replica` is wanted again (see `_wanted`)."""
+    holder = state.runs.get(run_id) if run_id else None
     if holder is None or holder.replica != replica.id or holder.phase is Phase.GENERATING:
         return 0, 0.0
     if holder.phase is Phase.IDLE:
@@ -54,3 +73,49 @@ def take(replica: Replica, slot: int, run_id: str) -> dict[str, object]:
     holders = list(replica.slot_runs)
     holders[slot] = run_id
     return {"slot_runs": tuple(holders), "busy_slots": replica.busy_slots | {slot}}
+
+
+def offload(state: State, replica: Replica, slot: int, run_id: str) -> tuple[int, int]:
+    """For a turn of `run_id` about to take `slot` (not yet taken): the file to save the slot's
+    content to first, and the file to restore the run's context from; -1 for none.
+    """
+    if not replica.saves:
+        return -1, -1
+    holder = replica.slot_runs[slot]
+    if holder == run_id:
+        return -1, -1  # its context is there
+    restore = replica.saves.index(run_id) if run_id and run_id in replica.saves else -1
+    if not holder:
+        return -1, restore
+    wanted = _run_wanted(state, replica, holder)
+    if wanted[0] < _COMES_BACK:
+        return -1, restore
+    if holder in replica.saves:  # an older copy of the same context: overwrite it
+        return replica.saves.index(holder), restore
+    files = [f for f in range(len(replica.saves)) if f != restore]
+    if not files:
+        return -1, restore
+    victim = min(files, key=lambda f: (*_run_wanted(state, replica, replica.saves[f]), f))
+    if _run_wanted(state, replica, replica.saves[victim]) >= wanted:
+        return -1, restore  # every file holds a context wanted sooner than this one
+    return victim, restore
+
+
+def keep(replica: Replica, save: int, restore: int, holder: str) -> dict[str, object]:
+    """The replica's `saves` once `holder`'s context is saved to `save` and `restore` is read."""
+    files = list(replica.saves)
+    if restore >= 0:
+        files[restore] = ""
+    if save >= 0:
+        files[save] = holder
+    return {"saves": tuple(files)}
+
+
+def save_file(replica_id: str, index: int) -> str:
+    """The engine-side file name of save file `index` of a replica (llama.cpp takes a bare
+    name, no path: letters, digits, `-` and `_` only here; an id with others gets a hash).
+    """
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", replica_id)
+    if safe != replica_id:
+        safe += "-" + hashlib.sha1(replica_id.encode()).hexdigest()[:8]
+    return f"luftpause-{safe}-{index}.bin"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from luftpause.scheduler.core import slots
 from luftpause.scheduler.core.model import Phase, ServiceClass, State
 from luftpause.scheduler.core.placement import is_open
 
@@ -33,6 +34,11 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "slots": [
                 {"slot": i, "run": run or None, "busy": i in r.busy_slots}
                 for i, run in enumerate(r.slot_runs)
+            ],
+            # Save files on its engine (endpoint `slot_saves`): the run whose context each holds.
+            "saves": [
+                {"file": slots.save_file(r.id, i), "run": run or None}
+                for i, run in enumerate(r.saves)
             ],
         }
         for r in sorted(state.replicas.values(), key=lambda r: r.id)
