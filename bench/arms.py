@@ -37,6 +37,7 @@ ARMS = (
     "luftpause-free",
     "luftpause-nopriority",
     "luftpause-noslots",
+    "luftpause-nosaves",
     "luftpause",
 )
 # With --engine-priority (the simulated pool's default) every arm's engines schedule by the
@@ -154,12 +155,15 @@ async def start_front(
     *,
     engine_priority: bool = False,
     slots: int = 0,
+    slot_saves: int = 0,
 ) -> str:
     """What the arm puts in front of `engines`: a router or scheduler + dataplane; its URL.
 
     The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds. With
     `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY; with
-    `slots` (llama.cpp's --parallel) they but luftpause-noslots assign the engines' slots.
+    `slots` (llama.cpp's --parallel) they but luftpause-noslots assign the engines' slots, and
+    with `slot_saves` too they but luftpause-noslots and luftpause-nosaves keep that many saved
+    slot contexts per engine (its --slot-save-path).
     """
     if arm.startswith("router-"):
         return await _router(exits, workdir, arm.split("-", 1)[1], engines)
@@ -169,6 +173,8 @@ async def start_front(
         priority = f"    priority: {{{numbers}, preemptive: true}}\n"
     if slots and arm != "luftpause-noslots":
         priority += f"    slots: {slots}\n"
+        if slot_saves and arm != "luftpause-nosaves":
+            priority += f"    slot_saves: {slot_saves}\n"
     config = workdir / f"{arm}.yaml"
     config.write_text(
         "endpoints:\n"

@@ -17,6 +17,8 @@ Arms:
 - luftpause without engine priority (an ablation; only where the engines have a priority queue);
 - luftpause leaving llama.cpp to pick its slots (an ablation; real pool only: the luftpause
   arms there configure `slots: 4`, the engines' --parallel, see common.config);
+- luftpause assigning slots but keeping no saved contexts (an ablation; real pool only: the
+  luftpause arm there configures `slot_saves: REAL_SLOT_SAVES`);
 - luftpause (strict run affinity, the default).
 
 The arms' processes are started by bench.arms.
@@ -116,6 +118,9 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
         "keep_tools": True,
     },
 }
+# Saved slot contexts per real engine (one per run of the workload: 16 runs over 2 engines;
+# each file is about 8 KB per token, some 15 MB for a run's context here).
+REAL_SLOT_SAVES = 16
 # What a base model needs to call tools (see testkit.loadgen and bench/real_pool.py).
 REAL_WORKLOAD = {
     "preamble": "gemma",
@@ -126,11 +131,11 @@ REAL_WORKLOAD = {
 
 async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     async with AsyncExitStack() as exits:
-        slots = 0
+        slots = saves = 0
         if args.pool == "real":
             from bench.real_pool import MODEL, PARALLEL, start_real_engines
 
-            model, extra, slots = MODEL, REAL_WORKLOAD, PARALLEL
+            model, extra, slots, saves = MODEL, REAL_WORKLOAD, PARALLEL, REAL_SLOT_SAVES
             engines = await start_real_engines(exits, workdir, 2)
         else:
             model, extra = SIM_MODEL, {}
@@ -145,6 +150,7 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             2.0 / args.time_scale,
             engine_priority=args.engine_priority,
             slots=slots,
+            slot_saves=saves,
         )
         wl = Workload(
             base_url=url + "/v1",
@@ -258,7 +264,7 @@ def main() -> None:
             a
             for a in ARMS
             if (args.engine_priority or a != "luftpause-nopriority")
-            and (args.pool == "real" or a != "luftpause-noslots")
+            and (args.pool == "real" or a not in ("luftpause-noslots", "luftpause-nosaves"))
         ]
     name = args.out or ("flood" if args.pool == "sim" else f"flood_{args.pool}")
     earlier = _earlier(name, args) if args.append else None

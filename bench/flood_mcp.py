@@ -162,7 +162,8 @@ def main() -> None:
     p.add_argument(
         "--arms",
         nargs="+",
-        default=[a for a in ARMS if a != "luftpause-noslots"],  # simulators have no slots
+        # simulators have no slots
+        default=[a for a in ARMS if a not in ("luftpause-noslots", "luftpause-nosaves")],
         choices=ARMS,
     )
     p.add_argument("--window-s", type=float, default=60.0, help="real seconds per arm")

@@ -120,8 +120,12 @@ def engine_params(model: Path, port: int, parallel: int, ctx_per_slot: int) -> A
     return params
 
 
-def serve_one(port: int, model: Path, parallel: int, ctx_per_slot: int) -> NoReturn:
-    """Run one llama.cpp server in this process until SIGTERM or SIGINT."""
+def serve_one(
+    port: int, model: Path, parallel: int, ctx_per_slot: int, slot_save_path: Path | None
+) -> NoReturn:
+    """Run one llama.cpp server in this process until SIGTERM or SIGINT; with
+    `slot_save_path` it answers slot save and restore calls (llama-server --slot-save-path).
+    """
     import xllamacpp
 
     # Blocked before the server's threads start, so they inherit the mask and sigwait sees it.
@@ -133,6 +137,9 @@ def serve_one(port: int, model: Path, parallel: int, ctx_per_slot: int) -> NoRet
     params.swa_full = True
     params.use_jinja = True
     params.chat_template = TEMPLATE
+    if slot_save_path is not None:
+        slot_save_path.mkdir(parents=True, exist_ok=True)
+        params.slot_save_path = str(slot_save_path) + os.sep  # llama.cpp appends the name as is
     server = xllamacpp.Server(params)
     print(f"listening on {server.listening_address}", file=sys.stderr, flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
@@ -162,6 +169,8 @@ async def start_real_engines(
                 str(parallel),
                 "--ctx-per-slot",
                 str(ctx_per_slot),
+                "--slot-save-path",
+                str(workdir / f"slots-{i}"),
             ],
             name=f"engine-{i}",
             log_path=workdir / f"engine-{i}.log",
@@ -198,9 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--parallel", type=int, default=PARALLEL, help=argparse.SUPPRESS)
     p.add_argument("--ctx-per-slot", type=int, default=CTX_PER_SLOT, help=argparse.SUPPRESS)
+    p.add_argument("--slot-save-path", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.engine_port is not None:
-        return serve_one(a.engine_port, a.model or model_path(), a.parallel, a.ctx_per_slot)
+        return serve_one(
+            a.engine_port, a.model or model_path(), a.parallel, a.ctx_per_slot, a.slot_save_path
+        )
     asyncio.run(_serve_pool(a.n))
     return 0
 
