@@ -66,7 +66,8 @@ bench: install
 	for n in 4 8 16; do $(FLOOD2) --max-running $$n --out flood_sweep_$$n || exit 1; done
 	$(BIN)/python -m bench.report
 
-# The flood on two llama.cpp engines serving Gemma 3 270M (about 25 minutes), then the report.
+# The flood on two llama.cpp engines serving Gemma 3 270M, six arms (about 35 minutes), then the
+# report.
 bench-real: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
 	$(BIN)/python -m bench.flood --pool real --repeats 1

@@ -2,10 +2,10 @@
 
 Run: `.venv/bin/python -m bench.report` (the last step of `make bench` and `make bench-real`).
 Reads whichever of bench/results/{flood,flood_keep_tools,flood_mcp,flood_real,flood_real_slots,
-flood_real_wanted,overhead}.json exist (with each flood's unloaded run beside it, `UNLOADED`)
-and writes bench/results/RESULTS.md and bench/results/flood.png. The original product's published
-figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside ours: a ratio against
-the class-blind router compares across test beds, absolute runs/min do not.
+flood_real_wanted,flood_real_saves,overhead}.json exist (with each flood's unloaded run beside
+it, `UNLOADED`) and writes bench/results/RESULTS.md and bench/results/flood.png. The original
+product's published figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside
+ours: a ratio against the class-blind router compares across test beds, absolute runs/min do not.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ FLOODS = {
     "(`slots: 4`), against llama.cpp picking them (luftpause-noslots)",
     "flood_real_wanted": "The real pool again, once the scheduler's slot order evicts the "
     "context wanted last",
+    "flood_real_saves": "The real pool with saved slot contexts (`slot_saves: 16`), against "
+    "the same slots without them (luftpause-nosaves)",
 }
 BASELINE = "router-cache_aware"
 OURS = "luftpause"
