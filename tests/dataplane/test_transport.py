@@ -100,3 +100,33 @@ async def test_a_refused_connection_is_not_retried() -> None:
         assert asyncio.get_running_loop().time() - started < 1.0
     finally:
         await transport.close()
+
+
+async def test_the_retry_never_takes_another_kept_alive_connection_the_engine_may_have_closed() -> (
+    None
+):
+    # Two turns at once leave two idle kept-alive connections; the engine drops both as the
+    # next request comes in. The retry must go on a new connection, not the other idle one.
+    async def one_reply_per_connection(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        if await read_request(reader):
+            await asyncio.sleep(0.05)  # both turns are in flight at once: two connections
+            writer.write(REPLY)
+            await writer.drain()
+            await read_request(reader)
+        writer.close()
+
+    transport = AiohttpTransport()
+    try:
+        async with raw_server(one_reply_per_connection) as url:
+
+            async def turn() -> None:
+                resp = await transport.send(url, {}, b'{"model": "m"}')
+                assert resp.status == 200 and await resp.read() == b"{}"
+                resp.close()
+
+            await asyncio.gather(turn(), turn())
+            await turn()
+    finally:
+        await transport.close()

@@ -2,9 +2,10 @@
 
 Boundary module. The proxy depends only on the `EngineTransport` / `EngineResponse` protocols,
 so tests can put an in-memory engine behind them (as httpx's `MockTransport` does). The aiohttp
-implementation keeps one `ClientSession` per process with a keep-alive pool, sets TCP_NODELAY
-on every engine socket, and maps aiohttp's errors to `EngineUnreachable` (before response
-headers) and `EngineStreamBroken` (after) at this boundary.
+implementation keeps one `ClientSession` per process with a keep-alive pool (and one without,
+for the retry after a dropped kept-alive connection), sets TCP_NODELAY on every engine socket,
+and maps aiohttp's errors to `EngineUnreachable` (before response headers) and
+`EngineStreamBroken` (after) at this boundary.
 """
 
 from __future__ import annotations
@@ -121,11 +122,12 @@ class AiohttpTransport:
             keepalive_timeout=KEEPALIVE_SECONDS,
             socket_factory=nodelay_socket,
         )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            auto_decompress=False,
-            trust_env=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
+        self._session = _session(connector)
+        # For the one retry after a dropped kept-alive connection: a connection of its own,
+        # closed after the reply. The pool may hold other idle connections the engine dropped
+        # at the same moment (llama.cpp closes them together under load).
+        self._fresh = _session(
+            aiohttp.TCPConnector(limit=0, force_close=True, socket_factory=nodelay_socket)
         )
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout)
 
@@ -141,17 +143,28 @@ class AiohttpTransport:
                 # new connection. An engine that read the turn and died answers the second try
                 # with a refused connection, so a turn runs twice only if the engine drops
                 # connections after reading them and then comes back.
-                resp = await self._post(url, headers, body)
+                resp = await self._post(url, headers, body, fresh=True)
         except _TRANSPORT_ERRORS as exc:
             raise EngineUnreachable(describe(exc)) from exc
         return AiohttpEngineResponse(resp)
 
     async def _post(
-        self, url: str, headers: Mapping[str, str], body: bytes
+        self, url: str, headers: Mapping[str, str], body: bytes, *, fresh: bool = False
     ) -> aiohttp.ClientResponse:
-        return await self._session.post(
+        session = self._fresh if fresh else self._session
+        return await session.post(
             url, data=body, headers=headers, timeout=self._timeout, allow_redirects=False
         )
 
     async def close(self) -> None:
         await self._session.close()
+        await self._fresh.close()
+
+
+def _session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=False,
+        trust_env=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+    )
