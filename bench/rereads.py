@@ -21,12 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS, machine
 
 CONTINUATION_MARGIN = 30
+COLUMNS = [
+    "re-read",
+    "continuations",
+    "prompt tokens",
+    "of them cached",
+    "first turns evaluated",
+    "cached with no re-read",
+]
 _START = "load_model: loading model"
 _PROMPT = re.compile(r"task (\d+) \| prompt eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
 _GEN = re.compile(r"task (\d+) \|\s+eval time =\s+[\d.]+ ms /\s+(\d+) tokens")
@@ -66,10 +75,25 @@ def cached(turns: list[tuple[int, int]]) -> tuple[int, int]:
     return sum(p for p, _ in turns), sum(p - e for p, e in turns)
 
 
+def reach(turns: list[tuple[int, int]]) -> tuple[int, int]:
+    """(tokens first turns evaluated, tokens cached had no continuation re-read)."""
+    if not turns:
+        return 0, 0
+    first = min(prompt for prompt, _ in turns)
+    is_cont = [p > first + CONTINUATION_MARGIN for p, _ in turns]
+    kept = [e for (p, e), c in zip(turns, is_cont, strict=True) if c and e <= p / 2]
+    typical = int(statistics.median(kept)) if kept else 0
+    new = sum(e for (_, e), c in zip(turns, is_cont, strict=True) if not c)
+    evaluated = sum(
+        typical if c and e > p / 2 else e for (p, e), c in zip(turns, is_cont, strict=True)
+    )
+    return new, sum(p for p, _ in turns) - evaluated
+
+
 def per_arm(logs: Path, arms: list[str]) -> dict[str, list[list[int]]]:
-    """arm -> per repeat [re-read, continuations, prompt tokens, of them cached], summed over
-    the run's engines. The repeats in `logs` are its engine starts per arm (a result grown by
-    `bench.flood --append` names only the last invocation's directory).
+    """arm -> per repeat `COLUMNS`, summed over the run's engines. The repeats in `logs` are
+    its engine starts per arm (a result grown by `bench.flood --append` names only the last
+    invocation's directory).
     """
     out: dict[str, list[list[int]]] = {arm: [] for arm in arms}
     for path in sorted(logs.glob("engine-*.log")):
@@ -77,10 +101,10 @@ def per_arm(logs: Path, arms: list[str]) -> dict[str, list[list[int]]]:
         if not segs or len(segs) % len(arms):
             raise SystemExit(f"{path}: {len(segs)} engine starts, not a whole number per arm")
         for reps in out.values():
-            reps.extend([0, 0, 0, 0] for _ in range(len(segs) // len(arms) - len(reps)))
+            reps.extend([0] * len(COLUMNS) for _ in range(len(segs) // len(arms) - len(reps)))
         for i, turns in enumerate(segs):
             counts = out[arms[i % len(arms)]][i // len(arms)]
-            for k, n in enumerate((*rereads(turns), *cached(turns))):
+            for k, n in enumerate((*rereads(turns), *cached(turns), *reach(turns))):
                 counts[k] += n
     return out
 
@@ -96,7 +120,7 @@ def main() -> None:
     dirs = [Path(flood["logs"]), *args.logs]
     found = [per_arm(d, arms) for d in dirs]
     runs = [{"logs": str(d), "per_arm": f} for d, f in zip(dirs, found, strict=True)]
-    totals = {arm: [0, 0, 0, 0] for arm in arms}
+    totals = {arm: [0] * len(COLUMNS) for arm in arms}
     for by_arm in found:
         for arm, reps in by_arm.items():
             for counts in reps:
@@ -107,16 +131,18 @@ def main() -> None:
         "flood": args.result,
         "continuation_margin": CONTINUATION_MARGIN,
         "runs": runs,
-        "columns": ["re-read", "continuations", "prompt tokens", "of them cached"],
+        "columns": COLUMNS,
         "totals": totals,
     }
     path = RESULTS / f"{args.out}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
-    for arm, (reread, cont, prompt, hit) in totals.items():
-        share = f"{hit / prompt:.1%}" if prompt else "-"
+    for arm, (reread, cont, prompt, hit, new, reachable) in totals.items():
+        if not prompt:
+            continue
         print(
             f"{arm}: {reread} of {cont} continuations re-read their context; "
-            f"{share} of {prompt} prompt tokens from the engines' cache"
+            f"{hit / prompt:.1%} of {prompt} prompt tokens from the engines' cache "
+            f"({reachable / prompt:.1%} with no re-read; new runs' tasks {new / prompt:.1%})"
         )
     print(f"wrote {path}")
 

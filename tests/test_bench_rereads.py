@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.rereads import cached, rereads, segments
+from bench.rereads import cached, reach, rereads, segments
 
 
 def _turn(task: int, prompt: int, evaluated: int, generated: int) -> str:
@@ -45,3 +45,11 @@ def test_the_cached_share_counts_every_prompt_token_not_evaluated() -> None:
     first, second = segments(LOG)
     assert cached(first) == (1040 + 1038 + 1100 + 1160, 338 + 1040 + 360)
     assert cached(second) == (1040, 0)
+
+
+def test_what_placement_could_win_counts_first_turns_and_rereads_as_typical() -> None:
+    first, second = segments(LOG)
+    # First turns evaluated 1040 + 700; the re-read continuation counts as the other's 60.
+    assert reach(first) == (1740, 4338 - (1040 + 700 + 60 + 60))
+    assert reach(second) == (1040, 0)
+    assert reach([]) == (0, 0)
