@@ -72,6 +72,7 @@ bench-real: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
 	$(BIN)/python -m bench.flood --pool real --repeats 1
 	$(BIN)/python -m bench.rereads
+	$(BIN)/python -m bench.slot_saves
 	$(BIN)/python -m bench.report
 
 # Fit the engine simulator's defaults to llama.cpp on this CPU (bench/results/calibration.json).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -42,24 +42,29 @@ async def raw_server(
         await server.wait_closed()
 
 
-async def test_a_kept_alive_connection_the_engine_closed_is_retried_on_a_new_one() -> None:
-    connections: list[int] = []
+def one_reply_per_connection(
+    connections: list[int], delay: float = 0.0
+) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """A handler that answers as if the connection stays open, then drops it as the next request
+    comes in (what llama.cpp's server does to a kept-alive connection under load)."""
 
-    async def one_reply_per_connection(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        # Answers as if the connection stays open, then drops it as the next request comes in
-        # (what llama.cpp's server does to a kept-alive connection under load).
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connections.append(1)
         if await read_request(reader):
+            await asyncio.sleep(delay)
             writer.write(REPLY)
             await writer.drain()
             await read_request(reader)
         writer.close()
 
+    return handle
+
+
+async def test_a_kept_alive_connection_the_engine_closed_is_retried_on_a_new_one() -> None:
+    connections: list[int] = []
     transport = AiohttpTransport()
     try:
-        async with raw_server(one_reply_per_connection) as url:
+        async with raw_server(one_reply_per_connection(connections)) as url:
             for _ in range(3):
                 resp = await transport.send(url, {}, b'{"model": "m"}')
                 assert resp.status == 200 and await resp.read() == b"{}"
@@ -105,21 +110,13 @@ async def test_a_refused_connection_is_not_retried() -> None:
 async def test_the_retry_never_takes_another_kept_alive_connection_the_engine_may_have_closed() -> (
     None
 ):
-    # Two turns at once leave two idle kept-alive connections; the engine drops both as the
-    # next request comes in. The retry must go on a new connection, not the other idle one.
-    async def one_reply_per_connection(
-        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        if await read_request(reader):
-            await asyncio.sleep(0.05)  # both turns are in flight at once: two connections
-            writer.write(REPLY)
-            await writer.drain()
-            await read_request(reader)
-        writer.close()
-
+    # Two turns at once (each answered after 50 ms) leave two idle kept-alive connections; the
+    # engine drops both as the next request comes in. The retry must go on a new connection,
+    # not the other idle one.
+    connections: list[int] = []
     transport = AiohttpTransport()
     try:
-        async with raw_server(one_reply_per_connection) as url:
+        async with raw_server(one_reply_per_connection(connections, delay=0.05)) as url:
 
             async def turn() -> None:
                 resp = await transport.send(url, {}, b'{"model": "m"}')
@@ -130,3 +127,4 @@ async def test_the_retry_never_takes_another_kept_alive_connection_the_engine_ma
             await turn()
     finally:
         await transport.close()
+    assert len(connections) == 3  # two at once, then the retry's own

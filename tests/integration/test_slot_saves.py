@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from luftpause.testkit.agents import LOOKUP_TOOL
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
@@ -82,17 +83,29 @@ async def engine_calls(stack: LocalStack) -> list[tuple[Any, ...]]:
     ]
 
 
-async def slot_actions(stack: LocalStack) -> dict[tuple[str, str], float]:
+async def slot_actions(stack: LocalStack) -> dict[str, float]:
+    """The dataplane's slot actions by "action outcome", e.g. "save ok"."""
     url = f"http://127.0.0.1:{stack.dataplane_port}/metrics"
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         text = await r.text()
-    out: dict[tuple[str, str], float] = {}
-    for line in text.splitlines():
-        if line.startswith("luftpause_dataplane_slot_actions_total{"):
-            labels, value = line.split("} ")
-            fields = dict(kv.split("=") for kv in labels.split("{")[1].split(","))
-            out[(fields["action"].strip('"'), fields["outcome"].strip('"'))] = float(value)
-    return out
+    return {
+        f"{sample.labels['action']} {sample.labels['outcome']}": sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "luftpause_dataplane_slot_actions"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def counts(
+    save_ok: int, save_failed: int, restore_ok: int, restore_failed: int
+) -> dict[str, float]:
+    return {
+        "save ok": save_ok,
+        "save failed": save_failed,
+        "restore ok": restore_ok,
+        "restore failed": restore_failed,
+    }
 
 
 @pytest.mark.asyncio(loop_scope="module")
@@ -111,12 +124,7 @@ async def test_a_paused_run_gets_its_context_back_from_its_file(
         ("restore", 0, F1),  # a finished: its context is not saved
         ("chat", 0),
     ]
-    assert await slot_actions(stack) == {
-        ("save", "ok"): 2,
-        ("save", "failed"): 0,
-        ("restore", "ok"): 2,
-        ("restore", "failed"): 0,
-    }
+    assert await slot_actions(stack) == counts(2, 0, 2, 0)
     async with aiohttp.ClientSession() as s, s.get(stack.status_url) as resp:
         [replica] = (await resp.json())["replicas"]
     assert replica["saves"] == [{"file": F0, "run": None}, {"file": F1, "run": None}]
@@ -131,9 +139,4 @@ async def test_an_engine_without_a_save_path_refuses_and_the_turns_still_go(
     await play(stack)
     calls = await engine_calls(stack)
     assert [c for c in calls if c[0] == "chat"] == [("chat", 0)] * 4
-    assert await slot_actions(stack) == {
-        ("save", "ok"): 0,
-        ("save", "failed"): 2,
-        ("restore", "ok"): 0,
-        ("restore", "failed"): 2,
-    }
+    assert await slot_actions(stack) == counts(0, 2, 0, 2)

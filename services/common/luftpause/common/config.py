@@ -48,20 +48,21 @@ flight there. Every turn to the engine must come through luftpause for the table
 must be the engine's slot count: the scheduler's prober compares it with llama.cpp's `/props`
 and logs a warning when they differ.
 
-Saved contexts (`slot_saves`, with `slots`). When every slot holds a run that will come back,
-a turn still has to take one of them, and the run it held reads its whole context again on its
-next turn. llama.cpp can save a slot's KV cache to a file and load it back into any slot
-(`POST /slots/{id}?action=save|restore`, enabled by starting the server with
-`--slot-save-path DIR`). With `slot_saves: K`, before a turn takes a slot whose run is paused
-on a tool or has a turn held, the dataplane saves that slot to one of K files, and a run whose
-slot was taken gets its context restored from its file before its next turn: milliseconds
-instead of a second prefill. Which run each file holds is kept by the scheduler like the slots
-(a file goes to the context wanted again soonest). The files are named
-`luftpause-<endpoint id>-<k>.bin`, and luftpause overwrites them and never writes more than K per
-endpoint, so the engine's disk holds at most K contexts' KV (llama.cpp has no call to delete
-one; remove them when the engine is gone). A failed save or restore only costs the prefill: the
-turn goes on and the dataplane counts it in `luftpause_dataplane_slot_actions`. llama.cpp
-checks a restored context's tokens against the prompt, so a stale file is never used wrongly.
+Saved contexts (`slot_saves`, with `slots`). When every slot holds a run that will come back, a
+turn still has to take one of them, and the run it held reads its whole context again on its
+next turn (llama.cpp's own prompt cache does not reliably keep it when runs share a preamble;
+see `bench/slot_saves.py`). llama.cpp can save a slot's KV cache to a file and load it back into
+any slot (`POST /slots/{id}?action=save|restore`, enabled by starting the server with
+`--slot-save-path DIR`). With `slot_saves: K`, before a turn takes a slot whose run is paused on
+a tool or has a turn held, the dataplane saves that slot to one of K files, and a run whose slot
+was taken gets its context restored from its file before its next turn: milliseconds instead of
+a second prefill. Which run each file holds is kept by the scheduler like the slots (a file goes
+to the context wanted again soonest). The files are named `luftpause-<endpoint id>-<k>.bin`, and
+luftpause overwrites them and never writes more than K per endpoint, so the engine's disk holds
+at most K contexts' KV (llama.cpp has no call to delete one; remove them when the engine is
+gone). A failed save or restore only costs the prefill: the turn goes on and the dataplane
+counts it in `luftpause_dataplane_slot_actions`. llama.cpp checks a restored context's tokens
+against the prompt, so a stale file is never used wrongly.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from

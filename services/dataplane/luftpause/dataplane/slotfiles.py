@@ -24,6 +24,7 @@ import json
 import structlog
 
 from luftpause.dataplane.errors import EngineStreamBroken, EngineUnreachable
+from luftpause.dataplane.forwarding import upstream_headers
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.transport import EngineTransport
 
@@ -45,9 +46,7 @@ async def prepare_slot(
     restore: str | None,
 ) -> None:
     """Save `slot` to `save`, then restore `restore` into it; each only if named."""
-    headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+    headers = upstream_headers((), api_key)  # JSON, the engine's key, nothing of the client's
     for action, filename in (("save", save), ("restore", restore)):
         if filename is None:
             continue

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from luftpause.testkit.engine import metrics, wire
+from luftpause.testkit.engine import metrics, slotfiles, wire
 from luftpause.testkit.engine.core import RequestTooLarge, Submission
 from luftpause.testkit.engine.driver import EngineDriver, Handle, SimClock
 from luftpause.testkit.engine.params import SimParams
@@ -65,8 +65,7 @@ class Simulator:
             time_scale=params.time_scale,
         )
         self.debug_log: deque[dict[str, Any]] = deque(maxlen=params.debug_log_size)
-        # Slot save files by name: the slot each was saved from (`--slot-saves`).
-        self.slot_files: dict[str, int] = {}
+        self.slot_files = slotfiles.SlotFiles()  # `--slot-saves`
         self.started = int(time.time())
         self.reset_counters()
 
@@ -297,45 +296,22 @@ async def prometheus(request: web.Request) -> web.StreamResponse:
 
 
 async def slot_action(request: web.Request) -> web.StreamResponse:
-    """llama.cpp's `POST /slots/{id}?action=save|restore`, with its answers and errors.
-
-    The simulator keeps no KV per slot (its prefix cache is the pool's), so a save records the
-    file and a restore checks it exists; the debug log shows what was asked, in order.
-    """
+    """llama.cpp's slot save and restore (see `slotfiles`); the debug log shows each call."""
     sim = request.app[SIM]
     entry = sim.note(request, count=False)
     if not sim.params.slot_saves:
-        raise HttpError(
-            501,
-            "This server does not support slots action. Start it with `--slot-save-path`",
-            "not_supported_error",
-        )
+        raise HttpError(501, slotfiles.NOT_ENABLED, "not_supported_error")
     sim.check_key(request)
-    action = request.query.get("action", "")
     try:
         slot = int(request.match_info["slot"])
     except ValueError:
         raise HttpError(400, "Invalid slot id") from None
-    body = decode_body(await request.read())
-    filename = body.get("filename")
+    action, filename = (
+        request.query.get("action", ""),
+        decode_body(await request.read()).get("filename"),
+    )
     entry.update(slot_action=action, id_slot=slot, filename=filename)
-    if action not in ("save", "restore"):
-        raise HttpError(400, "Invalid action")
-    if not isinstance(filename, str) or not _valid_filename(filename):
-        raise HttpError(400, "Invalid filename")
-    if action == "save":
-        sim.slot_files[filename] = slot
-        return web.json_response({"id_slot": slot, "filename": filename, "n_saved": 0})
-    if filename not in sim.slot_files:
-        raise HttpError(
-            400, "Unable to restore slot: No available space in KV cache or invalid slot save file"
-        )
-    return web.json_response({"id_slot": slot, "filename": filename, "n_restored": 0})
-
-
-def _valid_filename(name: str) -> bool:
-    """A bare file name, as llama.cpp's `fs_validate_filename` wants (the common part)."""
-    return 0 < len(name) <= 255 and not any(c in name for c in '/\\:*?"<>|') and ".." not in name
+    return web.json_response(sim.slot_files.act(action, slot, filename))
 
 
 async def debug_requests(request: web.Request) -> web.StreamResponse:

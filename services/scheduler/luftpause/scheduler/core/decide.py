@@ -215,27 +215,22 @@ def _place_action(
     state: State, turn_id: str, replica: Replica, service_class: ServiceClass, held_s: float
 ) -> Place:
     """The Place for turn `turn_id`, as placed on `replica` in `state`."""
-    if not replica.slots:
-        return Place(
-            turn_id=turn_id,
-            replica_id=replica.id,
-            replica_url=replica.url,
-            held_s=held_s,
-            engine_priority=replica.engine_priority(service_class),
-        )
-    turn = state.turns[turn_id]
+    turn = state.turns[turn_id] if replica.slots else None
     return Place(
         turn_id=turn_id,
         replica_id=replica.id,
         replica_url=replica.url,
         held_s=held_s,
         engine_priority=replica.engine_priority(service_class),
-        engine_slot=turn.slot if turn.slot >= 0 else None,
-        slot_save=slots.save_file(replica.id, turn.save_to) if turn.save_to >= 0 else None,
-        slot_restore=(
-            slots.save_file(replica.id, turn.restore_from) if turn.restore_from >= 0 else None
-        ),
+        engine_slot=turn.slot if turn is not None and turn.slot >= 0 else None,
+        slot_save=_file(replica, turn.save_to) if turn is not None else None,
+        slot_restore=_file(replica, turn.restore_from) if turn is not None else None,
     )
+
+
+def _file(replica: Replica, index: int) -> str | None:
+    """The engine-side name of save file `index` of `replica`, None for -1."""
+    return slots.save_file(replica.id, index) if index >= 0 else None
 
 
 def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
