@@ -112,6 +112,7 @@ def test_summary_keeps_loadgens_keys_and_leaves_what_the_runtime_hides_as_none()
     for key in ("ttft_p50_s", "ttft_p99_s", "runs_moved"):
         assert inter[key] is None
     assert inter["cached_share"] == 0.25
+    assert inter["prompt_tokens"] == 100 and inter["cached_tokens"] == 25
     assert inter["turns_per_run"] == 4 and inter["tool_calls_per_run"] == 3
     assert inter["prompt_tokens_per_run"] == 100
     assert s["batch"]["runs_per_min"] == 0.0 and s["batch"]["jain_callers"] is None

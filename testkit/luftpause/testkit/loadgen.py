@@ -231,6 +231,7 @@ def summarise(runs: list[Run], start: float, wl: Workload) -> dict[str, Any]:
         times = [r.ended - r.started for r in done]
         ttft = [t for r in mine for t in r.ttft_s]
         prompt = sum(r.prompt_tokens for r in mine)
+        cached = sum(r.cached_tokens for r in mine)
         per_caller: dict[str, int] = {}
         for r in done:
             per_caller[r.caller] = per_caller.get(r.caller, 0) + 1
@@ -240,9 +241,9 @@ def summarise(runs: list[Run], start: float, wl: Workload) -> dict[str, Any]:
             "run_time_p99_s": percentile(times, 0.99),
             "ttft_p50_s": percentile(ttft, 0.5),
             "ttft_p99_s": percentile(ttft, 0.99),
-            "cached_share": round(sum(r.cached_tokens for r in mine) / prompt, 4)
-            if prompt
-            else None,
+            "cached_share": round(cached / prompt, 4) if prompt else None,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
             "errors": sum(r.errors for r in mine),
             "jain_callers": jain([float(v) for v in per_caller.values()]),
             "runs_moved": sum(1 for r in mine if len(set(r.replicas)) > 1),

@@ -155,6 +155,8 @@ def summarise(runs: Sequence[McpRun], span_s: float) -> dict[str, Any]:
             "ttft_p50_s": None,
             "ttft_p99_s": None,
             "cached_share": round(cached / sum(tokens), 4) if sum(tokens) else None,
+            "prompt_tokens": sum(tokens),
+            "cached_tokens": cached,
             "errors": sum(1 for r in mine if r.failed),
             "jain_callers": jain([float(v) for v in per_caller.values()]),
             "runs_moved": None,
