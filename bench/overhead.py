@@ -13,6 +13,12 @@ Two dataplane arms share the scheduler: `dataplane` as deployed (the engine is o
 places turns itself and reports them) and `dataplane-ask` (`--no-local-placement`: every turn
 waits for the scheduler's placement, as when engines queue).
 
+With `--pin` the arm under test gets a core to itself, as a proxy deployed on its own machine or
+pod has: the arms' processes (and all their threads and children) run on the last CPU, the
+clients (this process) and the engine on the others. Without it every process shares every core,
+and at 32 streams what an arm adds is mostly the CPU it takes from the clients and the engine.
+Results go to bench/results/overhead_pinned.json unless `--out` says otherwise.
+
 Per phase and arm: latency to first byte and to completion (p50/p99, and what the arm adds
 over going direct), requests/s, and CPU per turn: utime+stime from /proc of the arm's own
 processes (the dataplane and the scheduler together; the router; the LiteLLM proxy), delta over
@@ -134,6 +140,33 @@ def summarize(rounds: list[dict[str, Any]], key: str, stat: str) -> dict[str, fl
     }
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` and, recursively, of its children onto `cpus`; threads and
+    processes they start later inherit it.
+    """
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)
+        children = (task / "children").read_text().split()
+        for child in children:
+            pin(int(child), cpus)
+
+
+def pin_arms(arms: dict[str, tuple[str, list[int]]], engine: int) -> dict[str, list[int]]:
+    """The arms' processes on the last CPU, this process (the clients) and the engine on the
+    rest. Returns the CPU sets used.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("--pin needs at least 2 CPUs")
+    proxy, rest = {cpus[-1]}, set(cpus[:-1])
+    for _, pids in arms.values():
+        for pid in pids:
+            pin(pid, proxy)
+    pin(engine, rest)
+    pin(os.getpid(), rest)
+    return {"arms": sorted(proxy), "clients_and_engine": sorted(rest)}
+
+
 async def _peer(
     stack: AsyncExitStack,
     workdir: Path,
@@ -250,6 +283,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.no_peers:
             arms.update(await peers(stack, workdir, local.engine_url(0)))
         out: dict[str, Any] = {}
+        if args.pin:
+            out["pinned"] = pin_arms(arms, local.procs["engine-0"].pid)
+            print("pinned", json.dumps(out["pinned"]), flush=True)
         for concurrency in args.concurrency:
             for stream in (True, False):
                 per_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
@@ -360,8 +396,13 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=256, help="timed requests per arm per round")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     p.add_argument("--no-peers", action="store_true", help="skip sglang-router and LiteLLM")
-    p.add_argument("--out", default="overhead", help="result name under bench/results/")
+    p.add_argument(
+        "--pin", action="store_true", help="the arm under test on a CPU of its own (see above)"
+    )
+    p.add_argument("--out", default=None, help="result name under bench/results/")
     args = p.parse_args()
+    if args.out is None:
+        args.out = "overhead_pinned" if args.pin else "overhead"
     result = uvloop.run(run(args))
     text = table(result)
     print(text)
