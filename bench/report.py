@@ -2,8 +2,8 @@
 
 Run: `.venv/bin/python -m bench.report` (the last step of `make bench` and `make bench-real`).
 Reads whichever of bench/results/{flood,flood_keep_tools,flood_mcp,flood_real,flood_real_slots,
-flood_real_wanted,flood_real_saves,overhead}.json exist (with each flood's unloaded run beside
-it, `UNLOADED`) and writes bench/results/RESULTS.md and bench/results/flood.png. The original
+flood_real_wanted,flood_real_saves,flood_real_shares,overhead}.json exist (with each flood's
+unloaded run beside it, `UNLOADED`) and writes bench/results/RESULTS.md and bench/results/flood.png. The original
 product's published figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside
 ours: a ratio against the class-blind router compares across test beds, absolute runs/min do not.
 """
@@ -30,6 +30,8 @@ FLOODS = {
     "context wanted last",
     "flood_real_saves": "The real pool with saved slot contexts (`slot_saves: 16`), against "
     "the same slots without them (luftpause-nosaves)",
+    "flood_real_shares": "The real pool again, luftpause against cache_aware, with the agents' "
+    "token counts (their cached share over both classes)",
 }
 BASELINE = "router-cache_aware"
 OURS = "luftpause"
