@@ -3,9 +3,10 @@
 Run: `.venv/bin/python -m bench.report` (the last step of `make bench` and `make bench-real`).
 Reads whichever of bench/results/{flood,flood_keep_tools,flood_mcp,flood_real,flood_real_slots,
 flood_real_wanted,flood_real_saves,flood_real_shares,overhead}.json exist (with each flood's
-unloaded run beside it, `UNLOADED`) and writes bench/results/RESULTS.md and bench/results/flood.png. The original
-product's published figures (the seed README, one 8 GB laptop GPU with SGLang) stand beside
-ours: a ratio against the class-blind router compares across test beds, absolute runs/min do not.
+unloaded run beside it, `UNLOADED`) and writes bench/results/RESULTS.md and
+bench/results/flood.png. The original product's published figures (the seed README, one 8 GB
+laptop GPU with SGLang) stand beside ours: a ratio against the class-blind router compares
+across test beds, absolute runs/min do not.
 """
 
 from __future__ import annotations
