@@ -18,6 +18,7 @@ from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
+from luftpause.dataplane.slotfiles import FileOrder
 from luftpause.dataplane.transport import EngineTransport
 from luftpause.dataplane.turn import Turn
 
@@ -26,7 +27,9 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
 @dataclass(kw_only=True, slots=True)
 class Dataplane:
-    """Scheduler link, engine transport, the run table and tool call memory, metrics, keys."""
+    """Scheduler link, engine transport, the run table and tool call memory, metrics, keys,
+    and the order of saved slot context calls.
+    """
 
     dataplane_id: str
     link: SchedulerLink
@@ -38,6 +41,8 @@ class Dataplane:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # Place turns on open replicas without asking the scheduler (see `local`).
     local_placement: bool = True
+    # Saved slot contexts: the engine's calls on one file in the order turns were placed.
+    slot_order: FileOrder = field(default_factory=FileOrder)
     clock: Callable[[], float] = time.monotonic
     # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique
     # across dataplanes and restarts as uuid4s are, without a getrandom call per turn.

@@ -156,6 +156,7 @@ async def _admit_and_proxy(
         await prepare_slot(
             dp.transport,
             dp.metrics,
+            dp.slot_order,
             replica_id=replica_id,
             replica_url=replica_url,
             api_key=dp.api_keys.get(replica_id, ""),
