@@ -45,6 +45,8 @@ import aiohttp
 import uvloop
 
 from bench.common import percentiles, write_result
+from bench.overhead_table import table
+from bench.pinning import pin_arms
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
 
@@ -119,14 +121,15 @@ async def arm(
                 total.append(b)
 
         await asyncio.gather(*(one(session, url, payload, headers[w]) for w in range(concurrency)))
-        cpu0 = cpu_seconds(pids)
+        cpu0 = [cpu_seconds([pid]) for pid in pids]
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         elapsed = time.perf_counter() - t0
-        cpu = cpu_seconds(pids) - cpu0
+        each = [(cpu_seconds([pid]) - c) * 1000.0 for pid, c in zip(pids, cpu0, strict=True)]
     out = {"ttfb": percentiles(ttfb), "total": percentiles(total), "rps": len(total) / elapsed}
     if pids:
-        out["cpu_ms"] = cpu * 1000.0
+        out["cpu_ms"] = sum(each)
+        out["cpu_ms_each"] = each  # in the arm's order of processes (dataplane, scheduler)
         out["turns"] = len(total)
     return out
 
@@ -138,33 +141,6 @@ def summarize(rounds: list[dict[str, Any]], key: str, stat: str) -> dict[str, fl
         "min": round(min(values), 3),
         "max": round(max(values), 3),
     }
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of `pid` and, recursively, of its children onto `cpus`; threads and
-    processes they start later inherit it.
-    """
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
-        children = (task / "children").read_text().split()
-        for child in children:
-            pin(int(child), cpus)
-
-
-def pin_arms(arms: dict[str, tuple[str, list[int]]], engine: int) -> dict[str, list[int]]:
-    """The arms' processes on the last CPU, this process (the clients) and the engine on the
-    rest. Returns the CPU sets used.
-    """
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        raise SystemExit("--pin needs at least 2 CPUs")
-    proxy, rest = {cpus[-1]}, set(cpus[:-1])
-    for _, pids in arms.values():
-        for pid in pids:
-            pin(pid, proxy)
-    pin(engine, rest)
-    pin(os.getpid(), rest)
-    return {"arms": sorted(proxy), "clients_and_engine": sorted(rest)}
 
 
 async def _peer(
@@ -323,6 +299,11 @@ def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                 **_spread([r["cpu_ms"] / r["turns"] for r in rs]),
                 "pooled": round(sum(r["cpu_ms"] for r in rs) / sum(r["turns"] for r in rs), 3),
             }
+            if len(rs[0].get("cpu_ms_each", ())) > 1:
+                arms[name]["cpu_ms_per_turn_each"] = [
+                    _spread([r["cpu_ms_each"][i] / r["turns"] for r in rs])
+                    for i in range(len(rs[0]["cpu_ms_each"]))
+                ]
     direct = per_arm["direct"]
     added: dict[str, dict[str, float]] = {
         f"{name}_{stat}": _spread(
@@ -338,56 +319,6 @@ def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         )
     }
     return {"arms": arms, "added_ms": added}
-
-
-def _cell(value: dict[str, float] | None, digits: int = 2) -> str:
-    if value is None:
-        return "-"
-    return f"{value['median']:.{digits}f} ({value['min']:.{digits}f}..{value['max']:.{digits}f})"
-
-
-def table(results: dict[str, Any]) -> str:
-    """Markdown: added latency at 1 and 32 streams, requests/s at 32, CPU per turn."""
-    arms = list(results["c1_stream"]["arms"]) if "c1_stream" in results else []
-    lines = [
-        "Added latency over direct, streaming, ms: median over rounds (min..max)",
-        "",
-        "| arm | TTFB p50 @1 | TTFB p99 @1 | total p50 @1 | total p99 @1"
-        " | TTFB p50 @32 | TTFB p99 @32 | total p50 @32 | total p99 @32 |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in arms:
-        if name == "direct":
-            continue
-        cells = [
-            _cell(results.get(f"c{c}_stream", {}).get("added_ms", {}).get(f"{name}_{stat}"))
-            for c in (1, 32)
-            for stat in ("ttfb_p50", "ttfb_p99", "total_p50", "total_p99")
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        "Requests/s at 32 clients, and CPU ms per turn (utime+stime from /proc;"
-        " dataplane = dataplane + scheduler)",
-        "",
-        "| arm | req/s @32 stream | req/s @32 non-stream | CPU/turn non-stream @1"
-        " | CPU/turn stream @1 | CPU/turn non-stream @32 | CPU/turn stream @32 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name in arms:
-        rps = [
-            _cell(results.get(f"c32_{kind}", {}).get("arms", {}).get(name, {}).get("rps"), 0)
-            for kind in ("stream", "nonstream")
-        ]
-        cpu = [
-            _cell(
-                results.get(f"c{c}_{kind}", {}).get("arms", {}).get(name, {}).get("cpu_ms_per_turn")
-            )
-            for c in (1, 32)
-            for kind in ("nonstream", "stream")
-        ]
-        lines.append(f"| {name} | " + " | ".join(rps + cpu) + " |")
-    return "\n".join(lines)
 
 
 def main() -> None:

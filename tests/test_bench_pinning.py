@@ -1,4 +1,4 @@
-"""bench.overhead --pin: every thread of an arm's process, and of its children, on the arm's CPU."""
+"""bench.pinning (`bench.overhead --pin`): every thread of a process, and of its children, moved."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.overhead import pin
+from bench.pinning import pin
 
 # A parent with a thread, and a child with a thread: what a proxy with workers looks like.
 _TREE = """
