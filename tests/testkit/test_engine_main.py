@@ -62,3 +62,21 @@ def test_every_model_flag_reaches_the_parameters() -> None:
 def test_an_impossible_parameter_is_refused() -> None:
     with pytest.raises(ValueError, match="time_scale"):
         params_from(build_parser().parse_args(["--time-scale=0"]))
+
+
+def test_the_admission_mode_and_stream_interval_reach_the_parameters() -> None:
+    p = params_from(build_parser().parse_args(["--admission=sglang", "--stream-interval=4"]))
+    assert p.engine.admission == "sglang" and p.stream_interval == 4
+    assert params_from(build_parser().parse_args([])).engine.admission == "reserve"
+
+
+@pytest.mark.parametrize(
+    "argv", [["--admission=eager"], ["--stream-interval=0"], ["--stream-interval=x"]]
+)
+def test_a_bad_admission_mode_or_stream_interval_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert argv[0].split("=")[0] in capsys.readouterr().err

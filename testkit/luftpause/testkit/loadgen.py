@@ -16,6 +16,22 @@ rarely ends its turn, so `--stop '</tool_call>'` ends a turn after its first cal
 cut at `--max-tokens` (finish reason "length") ends its turn like any other: a tool call cut
 short (arguments not JSON) is dropped, since no engine takes it back in the history.
 
+`--tool-style text` runs a text tool protocol instead, as many harnesses do: requests carry no
+`tools`; the system message describes the protocol (`preambles.TEXT_TOOL_SYSTEM`); the model
+writes `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in its content, a reply a
+router sees as a finished turn (finish reason "stop", no tool_calls); the agent sends the result
+back as a user message `<tool_response>42 km</tool_response>`, adding "No more tool calls:
+answer now." once the run's calls are spent. A block whose JSON does not parse (cut by
+`--max-tokens`, say) counts as a dropped call; a reply without a call ends the run. The header
+`x-sim-tool-style: text` makes the simulator script that. Text style does not combine with
+`--preamble gemma` (its examples are OpenAI tool_calls) or `--keep-tools` (nothing is offered).
+
+`--shared-prefix-chars N` opens every run of every agent with the same N characters of fixed
+text, a preamble an engine can cache across runs; the task after it stays unique per run. A run
+has at most one system message (Gemma's chat template, for one, takes no second): the shared
+text, then the protocol text or the gemma preamble's system text, a blank line between
+(`preambles.opening`).
+
 Output: JSON with one record per run and a summary per class: runs/min (runs finished inside
 the window), run time p50/p99, TTFT p50/p99, share of prompt tokens from cache, errors, and
 Jain's fairness index over callers' completed runs.
@@ -36,9 +52,12 @@ import openai
 from openai import AsyncOpenAI
 
 from luftpause.testkit.agents import LOOKUP_TOOL
-from luftpause.testkit.preambles import PREAMBLES
+from luftpause.testkit.preambles import PREAMBLES, opening, text_tool_calls
 from luftpause.testkit.stats import jain, percentile
 
+TOOL_STYLES = ("openai", "text")
+TOOL_RESULT = "42 km"
+LAST_CALL_NOTE = "No more tool calls: answer now."
 FILLER = (
     "The river runs past the old mill and the town keeps its records in the hall. "
     "Each season the ledger grows by a page and the clerk notes the weather. "
@@ -82,12 +101,23 @@ class Workload:
     keep_tools: bool = False
     temperature: float | None = None
     stop: tuple[str, ...] = ()
+    tool_style: str = "openai"
+    shared_prefix_chars: int = 0
 
     def __post_init__(self) -> None:
         if self.preamble not in PREAMBLES:
             raise ValueError(f"unknown preamble {self.preamble!r}; one of {sorted(PREAMBLES)}")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if self.tool_style not in TOOL_STYLES:
+            raise ValueError(f"unknown tool style {self.tool_style!r}; one of {TOOL_STYLES}")
+        if self.tool_style == "text" and (self.preamble != "none" or self.keep_tools):
+            raise ValueError(
+                "the text tool style takes neither a preamble (its examples are OpenAI "
+                "tool_calls) nor keep_tools (it offers no tools)"
+            )
+        if self.shared_prefix_chars < 0:
+            raise ValueError("shared_prefix_chars must be >= 0")
 
 
 def pad(rng: random.Random, chars: int) -> str:
@@ -99,14 +129,17 @@ def pad(rng: random.Random, chars: int) -> str:
 
 async def turn(
     client: AsyncOpenAI, run: Run, wl: Workload, messages: list[Any], offer_tools: bool
-) -> dict[str, Any] | None:
-    """One streamed turn; the assistant message, or None if it failed."""
+) -> tuple[dict[str, Any], int] | None:
+    """One streamed turn; the assistant message and its number of calls, or None if it failed."""
     headers = {
         "x-luftpause-run-id": run.run_id,
         "x-luftpause-class": run.service_class,
         "x-luftpause-caller": run.caller,
         "x-sim-tool-rounds": str(wl.tool_calls),
     }
+    if wl.tool_style == "text":
+        headers["x-sim-tool-style"] = "text"
+        offer_tools = False  # the protocol lives in the system message
     t0 = time.monotonic()
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
@@ -157,6 +190,10 @@ async def turn(
         run.errors += 1
         return None
     run.turns += 1
+    if wl.tool_style == "text":
+        text_calls, dropped = text_tool_calls("".join(content))
+        run.dropped_calls += dropped
+        return {"role": "assistant", "content": "".join(content)}, len(text_calls)
     whole = [c for c in calls.values() if _is_json(c["arguments"])]
     run.dropped_calls += len(calls) - len(whole)
     message: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
@@ -169,7 +206,7 @@ async def turn(
             }
             for c in whole
         ]
-    return message
+    return message, len(whole)
 
 
 def _is_json(text: str) -> bool:
@@ -180,25 +217,40 @@ def _is_json(text: str) -> bool:
     return True
 
 
+def _results(wl: Workload, message: dict[str, Any], calls: int, spent: int) -> list[Any]:
+    """The messages that answer a turn's calls: tool messages, or one user message."""
+    if wl.tool_style == "openai":
+        return [
+            {"role": "tool", "tool_call_id": call["id"], "content": TOOL_RESULT}
+            for call in message["tool_calls"]
+        ]
+    text = f"<tool_response>{TOOL_RESULT}</tool_response>" * calls
+    if spent >= wl.tool_calls:
+        text += f"\n{LAST_CALL_NOTE}"
+    return [{"role": "user", "content": text}]
+
+
 async def one_run(client: AsyncOpenAI, run: Run, wl: Workload, rng: random.Random) -> None:
     messages: list[Any] = [
-        *PREAMBLES[wl.preamble],
+        *opening(
+            wl.preamble, shared_chars=wl.shared_prefix_chars, text_tools=wl.tool_style == "text"
+        ),
         {"role": "user", "content": pad(rng, wl.context_chars)},
     ]
     spent = 0
     while run.turns < wl.tool_calls + 4 and run.errors < 20:
-        message = await turn(client, run, wl, messages, offer_tools=spent < wl.tool_calls)
-        if message is None:
+        result = await turn(client, run, wl, messages, offer_tools=spent < wl.tool_calls)
+        if result is None:
             await asyncio.sleep(0.5)
             continue
+        message, calls = result
         messages.append(message)
-        if not message.get("tool_calls"):
+        if not calls:
             run.completed = True
             break
-        for call in message["tool_calls"]:
-            spent += 1
-            run.tool_calls += 1
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42 km"})
+        spent += calls
+        run.tool_calls += calls
+        messages += _results(wl, message, calls, spent)
         await asyncio.sleep(wl.tool_seconds)
     run.ended = time.monotonic()
 
@@ -287,7 +339,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mcp-url",
         help="drive sub-agents through this runtime's spawn/await instead (…/mcp); the "
-        "options for a base model do not apply",
+        "options for a base model, the tool style and the shared prefix do not apply",
     )
     p.add_argument("--model", default="luftpause-sim")
     p.add_argument("--interactive", type=int, default=4, help="interactive agents")
@@ -312,11 +364,26 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--temperature", type=float, help="sampling temperature (engine default)")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument(
+        "--tool-style",
+        choices=TOOL_STYLES,
+        default="openai",
+        help="openai: tool_calls and tool messages; text: <tool_call> blocks in the content, "
+        "results as user messages, no tools offered",
+    )
+    p.add_argument(
+        "--shared-prefix-chars",
+        type=int,
+        default=0,
+        metavar="N",
+        help="open every run of every agent with the same N characters of system text",
+    )
     return p
 
 
 def parse_args(argv: list[str]) -> Workload:
-    return _workload(_parser().parse_args(argv))
+    p = _parser()
+    return _workload(p, p.parse_args(argv))
 
 
 def _shared(a: argparse.Namespace) -> dict[str, Any]:
@@ -334,21 +401,28 @@ def _shared(a: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _workload(a: argparse.Namespace) -> Workload:
-    return Workload(
-        base_url=a.base_url,
-        tool_seconds=a.tool_seconds,
-        preamble=a.preamble,
-        keep_tools=a.keep_tools,
-        temperature=a.temperature,
-        stop=tuple(a.stop),
-        **_shared(a),
-    )
+def _workload(p: argparse.ArgumentParser, a: argparse.Namespace) -> Workload:
+    """The workload the options ask for; an impossible combination exits with usage (2)."""
+    try:
+        return Workload(
+            base_url=a.base_url,
+            tool_seconds=a.tool_seconds,
+            preamble=a.preamble,
+            keep_tools=a.keep_tools,
+            temperature=a.temperature,
+            stop=tuple(a.stop),
+            tool_style=a.tool_style,
+            shared_prefix_chars=a.shared_prefix_chars,
+            **_shared(a),
+        )
+    except ValueError as exc:
+        p.error(str(exc))
 
 
 def main(argv: list[str]) -> int:
     """Run the workload and print its JSON (records and summary) to stdout."""
-    a = _parser().parse_args(argv)
+    p = _parser()
+    a = p.parse_args(argv)
     result: dict[str, Any]
     if a.mcp_url:
         from luftpause.testkit.mcp_loadgen import McpWorkload, RuntimeUnreachable, run_mcp_workload
@@ -359,7 +433,7 @@ def main(argv: list[str]) -> int:
             print(f"loadgen: {exc}", file=sys.stderr)
             return 1
     else:
-        result = asyncio.run(run_workload(_workload(a)))
+        result = asyncio.run(run_workload(_workload(p, a)))
     json.dump(result, sys.stdout, indent=1)
     print(file=sys.stderr)
     print(json.dumps(result["summary"], indent=1), file=sys.stderr)

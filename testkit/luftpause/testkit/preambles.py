@@ -1,12 +1,21 @@
-"""Messages an agent puts at the start of every run's conversation, by name.
+"""What an agent puts at the start of every run's conversation: the same text for every run.
 
-A base model (Gemma 3 270M, see bench/real_pool.py) calls tools only after it has been shown
-calls in the format its chat template parses; `gemma` is that few-shot start.
+Pure module: constants and a deterministic text builder. A base model (Gemma 3 270M, see
+bench/real_pool.py) calls tools only after it has been shown calls in the format its chat
+template parses; `gemma` is that few-shot start. `TEXT_TOOL_SYSTEM` describes a text tool
+protocol (calls written as `<tool_call>` blocks, results sent back as user messages), and
+`shared_prefix` is a preamble of a chosen length that every run of every agent shares.
+
+`opening` puts them together. A run opens with at most one system message (chat templates such
+as Gemma's accept a system message only as the first message): the shared text, then the text
+tool protocol or the named preamble's own system text, joined by a blank line; then the rest of
+the named preamble.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 
@@ -45,3 +54,52 @@ GEMMA_PREAMBLE: list[dict[str, Any]] = [
     {"role": "assistant", "content": "The town hall of Lyon was built in 1651 and is 42 m tall."},
 ]
 PREAMBLES: dict[str, list[dict[str, Any]]] = {"none": [], "gemma": GEMMA_PREAMBLE}
+
+# The text tool protocol, told to the model in the system message of every run.
+TEXT_TOOL_SYSTEM = (
+    "You are a research agent with one tool, lookup(query), that looks up a fact. To call it, "
+    'write <tool_call>{"name": "lookup", "arguments": {"query": "..."}}</tool_call> and stop. '
+    "The result comes back in the next user message as <tool_response>...</tool_response>. "
+    "When you know enough, answer in one short sentence without a tool call."
+)
+
+_HANDBOOK = (
+    "Handbook of the research desk. Check every figure with a lookup before you state it, "
+    "name the source of each fact, keep notes short, and say so when a fact cannot be found. "
+)
+
+
+def shared_prefix(chars: int) -> str:
+    """Exactly `chars` characters of fixed handbook text (no randomness: every run shares it)."""
+    return (_HANDBOOK * (chars // len(_HANDBOOK) + 1))[: max(chars, 0)]
+
+
+# A block runs to its closing tag, or to the end of the text when a stop string or max_tokens
+# cut the tag off; its JSON decides whether it is a call.
+_TEXT_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def text_tool_calls(text: str) -> tuple[list[dict[str, Any]], int]:
+    """The `<tool_call>` blocks of a reply that parse as calls, and how many did not."""
+    calls: list[dict[str, Any]] = []
+    blocks = _TEXT_CALL.findall(text)
+    for block in blocks:
+        try:
+            call = json.loads(block)
+        except ValueError:
+            continue
+        if isinstance(call, dict) and isinstance(call.get("name"), str):
+            calls.append(call)
+    return calls, len(blocks) - len(calls)
+
+
+def opening(preamble: str, *, shared_chars: int, text_tools: bool) -> list[dict[str, Any]]:
+    """The messages every run starts with, before its own task."""
+    rest = list(PREAMBLES[preamble])
+    system = [shared_prefix(shared_chars)] if shared_chars > 0 else []
+    if text_tools:
+        system.append(TEXT_TOOL_SYSTEM)
+    if rest and rest[0]["role"] == "system":
+        system.append(rest.pop(0)["content"])
+    head = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    return head + rest

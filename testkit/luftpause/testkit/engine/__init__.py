@@ -2,8 +2,9 @@
 
 Layers, from the bottom:
 - pure model (no I/O, no clock reads; time is passed in): `params`, `tokens`, `kvcache`,
-  `core`, `script`, `wire`, `ratelimit`, `metrics`;
-- shell: `server` drives the core in real time from aiohttp; `main` parses the command line.
+  `records`, `sglang`, `core`, `script`, `wire`, `ratelimit`, `metrics`;
+- shell: `driver` runs the core in real time, `server` answers HTTP (with `replies` writing
+  the streams); `main` parses the command line.
 
 `luftpause fake-engine --help` lists every parameter; testkit/README.md explains the model and
 how its defaults were calibrated against llama.cpp.

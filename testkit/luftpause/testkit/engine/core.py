@@ -4,12 +4,22 @@ Pure module: no I/O, no clock reads; the caller passes `now` (simulated millisec
 sleeps for the returned duration. Theory of operation, one `step(now)` per engine iteration:
 1. retire the requests that emitted their last token in the previous iteration (their reply
    blocks are published to the prefix cache, then everything they hold is released);
-2. admit from the head of the waiting queue while the head's blocks fit
-   (prompt plus reserved reply tokens, less its cached prefix), the batch is under
+2. admit from the head of the waiting queue while the head fits, the batch is under
    `max_running`, and the iteration's prefill stays under `max_prefill_tokens`;
 3. prefill the admitted requests' uncached tokens, then run one decode step in which every
    running request emits one token. The prefill stalls that decode step for the whole batch,
    as in an engine without chunked prefill.
+What "fits" means is the admission mode (`EngineParams.admission`):
+- `reserve`: blocks for the head's prompt plus its whole reserved reply, less its cached
+  prefix, are free or evictable; they are all allocated at admission, so a running request
+  never runs out;
+- `sglang` (the arithmetic is in `sglang`): the head's cost is below the free and evictable
+  tokens less a ratio-discounted estimate of what the running batch still needs. Only the
+  prompt's blocks are allocated at admission; a reply takes a block whenever it grows into a
+  new one. When the decode step's blocks do not fit, running requests are retracted (fewest
+  output tokens first, at least one kept): each releases all it holds (its prompt stays cached,
+  unreferenced; its reply is dropped) and goes back to the front of the queue, to re-prefill
+  its prompt and reply so far and go on emitting from where it stopped.
 The head is the oldest request, or, with `priority_order` set, the oldest of the best
 `priority`. With `preempt_threshold` set too, a head that cannot start (the batch is full or its
 blocks do not fit) preempts running requests whose priority is worse than its own by more than
@@ -24,83 +34,19 @@ A request with `output_tokens == 0` is single-pass: prefill only, done after its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from luftpause.testkit.engine import sglang
 from luftpause.testkit.engine.kvcache import PrefixCache
 from luftpause.testkit.engine.params import EngineParams
+from luftpause.testkit.engine.records import (
+    Admitted,
+    EngineStats,
+    RequestTooLarge,
+    Step,
+    Submission,
+)
 from luftpause.testkit.engine.tokens import block_hashes
 
-
-class RequestTooLarge(ValueError):
-    """The request could never fit in the KV pool, even alone."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Submission:
-    """A request as the engine sees it: token counts and what to cache when done."""
-
-    rid: str
-    prompt: tuple[int, ...]
-    reserve: int
-    output_tokens: int
-    history: tuple[int, ...] = ()
-    priority: int = 0
-
-    def __post_init__(self) -> None:
-        if not self.prompt:
-            raise ValueError("a prompt has at least one token")
-        if not 0 <= self.output_tokens <= self.reserve:
-            raise ValueError("output_tokens must be within 0..reserve")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Admitted:
-    rid: str
-    prompt_tokens: int
-    cached_tokens: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Step:
-    """One engine iteration: what it started with and what it produced at its end."""
-
-    at: float
-    duration_ms: float
-    prefill_tokens: int
-    batch: int
-    admitted: tuple[Admitted, ...]
-    emitted: tuple[str, ...]
-    finished: tuple[str, ...]
-
-    @property
-    def ends_at(self) -> float:
-        return self.at + self.duration_ms
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineStats:
-    running: int
-    waiting: int
-    total_blocks: int
-    used_blocks: int
-    cached_blocks: int
-    admitted_total: int
-    prompt_tokens_total: int
-    cached_tokens_total: int
-    generation_tokens_total: int
-    finished_total: int
-    aborted_total: int
-    preempted_total: int = 0
-
-    @property
-    def token_usage(self) -> float:
-        return self.used_blocks / self.total_blocks
-
-    @property
-    def cache_hit_rate(self) -> float:
-        return (
-            self.cached_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
-        )
+__all__ = ["Admitted", "EngineCore", "EngineStats", "RequestTooLarge", "Step", "Submission"]
 
 
 class _Running:
@@ -114,14 +60,17 @@ class _Running:
 
 
 class _Waiting:
-    """A queued request: its prefix keys, and the reply tokens it made before a preemption."""
+    """A queued request: its prefix keys, and what it made before a preemption or retraction."""
 
-    __slots__ = ("generated", "keys", "sub")
+    __slots__ = ("generated", "keys", "resumed", "sub")
 
-    def __init__(self, sub: Submission, keys: list[int], generated: int = 0) -> None:
+    def __init__(
+        self, sub: Submission, keys: list[int], generated: int = 0, resumed: bool = False
+    ) -> None:
         self.sub = sub
         self.keys = keys
         self.generated = generated
+        self.resumed = resumed  # it started before: its client saw its admission already
 
 
 class EngineCore:
@@ -130,6 +79,10 @@ class EngineCore:
     def __init__(self, params: EngineParams) -> None:
         self.params = params
         self.cache = PrefixCache(params.total_blocks)
+        self._sglang = params.admission == "sglang"
+        self.new_token_ratio = sglang.INIT_NEW_TOKEN_RATIO if self._sglang else 1.0
+        # sglang mode, during admission: each running request's share of the room it leaves.
+        self._shares: dict[str, float] = {}
         self._waiting: dict[str, _Waiting] = {}
         self._running: dict[str, _Running] = {}
         self._done: list[str] = []
@@ -139,15 +92,26 @@ class EngineCore:
     def reset_counters(self) -> None:
         self.admitted_total = self.prompt_tokens_total = self.cached_tokens_total = 0
         self.generation_tokens_total = self.finished_total = self.aborted_total = 0
-        self.preempted_total = 0
+        self.preempted_total = self.retracted_total = 0
 
     @property
     def idle(self) -> bool:
         return not self._waiting and not self._running
 
+    @property
+    def queue(self) -> tuple[str, ...]:
+        """Ids of the waiting requests in queue order (before any priority ordering)."""
+        return tuple(self._waiting)
+
     def submit(self, sub: Submission) -> None:
         """Queue a request at the tail of the waiting queue."""
-        if self.params.blocks_for(len(sub.prompt) + sub.reserve) > self.cache.total:
+        p = self.params
+        alone = sglang.admission_cost(
+            uncached=len(sub.prompt), max_new=sub.reserve, generated=0, page_size=p.block_size
+        )
+        if p.blocks_for(len(sub.prompt) + sub.reserve) > self.cache.total or (
+            self._sglang and alone >= p.pool_tokens
+        ):
             raise RequestTooLarge(f"{len(sub.prompt)} + {sub.reserve} tokens exceed the KV pool")
         if sub.rid in self._waiting or sub.rid in self._running:
             raise ValueError(f"duplicate request id {sub.rid}")
@@ -174,10 +138,13 @@ class EngineCore:
             raise ValueError("step started before the previous one ended")
         self._retire()
         admitted, prefill = self._admit()
+        retracted = self._make_room() if self._sglang else []
         emitted: list[str] = []
         finished: list[str] = []
         for rid, run in self._running.items():
             if run.generated < run.sub.output_tokens:
+                if not self._grow(run):
+                    continue  # only next to prefill-only requests that hold the last blocks
                 run.generated += 1
                 emitted.append(rid)
                 if run.generated == run.sub.output_tokens:
@@ -198,6 +165,7 @@ class EngineCore:
             admitted=tuple(admitted),
             emitted=tuple(emitted),
             finished=tuple(finished),
+            retracted=tuple(retracted),
         )
 
     def stats(self) -> EngineStats:
@@ -214,6 +182,10 @@ class EngineCore:
             finished_total=self.finished_total,
             aborted_total=self.aborted_total,
             preempted_total=self.preempted_total,
+            retracted_total=self.retracted_total,
+            evictable_blocks=self.cache.evictable,
+            block_size=self.params.block_size,
+            new_token_ratio=self.new_token_ratio,
         )
 
     def _retire(self) -> None:
@@ -256,6 +228,7 @@ class EngineCore:
         admitted: list[Admitted] = []
         prefill = 0
         started = 0
+        self._shares = self._running_shares()
         while self._waiting:
             rid, entry = self._head()
             sub, keys = entry.sub, entry.keys
@@ -265,10 +238,15 @@ class EngineCore:
             uncached = n_prompt - hits * p.block_size
             if started and prefill + uncached > p.max_prefill_tokens:
                 break
-            n_new = p.blocks_for(len(sub.prompt) + sub.reserve) - hits
-            full = len(self._running) >= p.max_running
-            if full or not self.cache.can_allocate(keys[:hits], n_new):
-                if not self._preempt_for(sub, keys[:hits], n_new):
+            n_new = p.blocks_for(n_prompt if self._sglang else len(sub.prompt) + sub.reserve)
+            n_new -= hits
+            demand = self._demand(entry, uncached, n_new)
+            # An idle engine starts whatever fits: a resuming request's estimate may not.
+            fits = self._fits(demand, self._room(keys[:hits])) or (
+                not self._running and self.cache.can_allocate(keys[:hits], n_new)
+            )
+            if len(self._running) >= p.max_running or not fits:
+                if not self._preempt_for(sub, demand, keys[:hits]):
                     break
                 continue  # the victims may have cached blocks the head matches: look again
             self.cache.allocate(keys[:hits], n_new)
@@ -277,10 +255,17 @@ class EngineCore:
             self._running[rid] = _Running(
                 sub, list(keys), n_new - (len(keys) - hits), entry.generated
             )
+            if self._sglang:
+                self._shares[rid] = sglang.fresh_share(
+                    uncached=uncached,
+                    max_new=sub.reserve,
+                    generated=entry.generated,
+                    page_size=p.block_size,
+                )
             prefill += uncached
             started += 1
-            if entry.generated:
-                continue  # a preempted request resuming: its client saw its admission already
+            if entry.resumed:
+                continue
             admitted.append(
                 Admitted(rid=rid, prompt_tokens=n_prompt, cached_tokens=n_prompt - uncached)
             )
@@ -289,7 +274,83 @@ class EngineCore:
             self.cached_tokens_total += n_prompt - uncached
         return admitted, prefill
 
-    def _preempt_for(self, head: Submission, hits: list[int], n_new: int) -> bool:
+    def _running_shares(self) -> dict[str, float]:
+        if not self._sglang:
+            return {}
+        ratio = self.new_token_ratio
+        return {
+            rid: sglang.running_share(max_new=run.sub.reserve, generated=run.generated, ratio=ratio)
+            for rid, run in self._running.items()
+        }
+
+    def _demand(self, entry: _Waiting, uncached: int, n_new: int) -> int:
+        """Tokens the head needs room for: its SGLang cost, or its blocks when reserving."""
+        if self._sglang:
+            return sglang.admission_cost(
+                uncached=uncached,
+                max_new=entry.sub.reserve,
+                generated=entry.generated,
+                page_size=self.params.block_size,
+            )
+        return n_new * self.params.block_size
+
+    def _room(self, hits: list[int]) -> float:
+        """Tokens free or evictable beside `hits`, less the running batch's shares (sglang)."""
+        return self.cache.room(hits) * self.params.block_size - sum(self._shares.values())
+
+    def _fits(self, demand: float, room: float) -> bool:
+        return demand < room if self._sglang else demand <= room
+
+    def _growth(self, run: _Running) -> int:
+        """Blocks `run` must add before its next token (sglang mode: the reply grows)."""
+        held = len(run.keys) + run.private
+        return max(0, self.params.blocks_for(len(run.sub.prompt) + run.generated) - held)
+
+    def _grow(self, run: _Running) -> bool:
+        """Take the block the next token of `run` needs, if any; False when there is none."""
+        need = self._growth(run) if self._sglang else 0
+        if need and not self.cache.can_allocate((), need):
+            return False
+        if need:
+            self.cache.allocate((), need)
+            run.private += need
+        return True
+
+    def _make_room(self) -> list[str]:
+        """Retract running requests until the decode step's blocks fit; returns their ids."""
+        decoding = [
+            (rid, run)
+            for rid, run in self._running.items()
+            if run.generated < run.sub.output_tokens
+        ]
+        need = sum(self._growth(run) for _, run in decoding)
+        if need <= self.cache.room():
+            if decoding:
+                self.new_token_ratio = sglang.decayed(self.new_token_ratio)
+            return []
+        decoding.sort(
+            key=lambda item: sglang.retraction_key(
+                generated=item[1].generated, prompt_tokens=len(item[1].sub.prompt)
+            )
+        )
+        retracted: dict[str, _Waiting] = {}
+        for rid, run in decoding[:-1]:  # at least one is kept
+            if need <= self.cache.room():
+                break
+            need -= self._growth(run)
+            del self._running[rid]
+            # Nothing is published for it: what it referenced stays cached, its reply is freed.
+            self.cache.release(run.keys, run.private)
+            retracted[rid] = _Waiting(run.sub, run.keys, run.generated, resumed=True)
+        self._waiting = retracted | self._waiting  # to the front of the queue
+        self.retracted_total += len(retracted)
+        kept = [run for _, run in decoding if run.sub.rid not in retracted]
+        self.new_token_ratio = sglang.ratio_after_retraction(
+            [run.generated for run in kept], [run.sub.reserve for run in kept]
+        )
+        return list(retracted)
+
+    def _preempt_for(self, head: Submission, demand: int, hits: list[int]) -> bool:
         """Preempt running requests so that `head` can start; False (and none) if it can't."""
         threshold = self.params.preempt_threshold
         if threshold is None:
@@ -300,21 +361,24 @@ class EngineCore:
             reversed(self._running.items()), key=lambda item: -sign * item[1].sub.priority
         )
         victims: list[str] = []
-        freeable = 0  # blocks the victims would free: private, and prefixes only they hold
+        room = self._room(hits)
         for rid, run in candidates:
             if sign * (run.sub.priority - head.priority) <= threshold:
                 break  # sorted: every later candidate is closer to the head's priority
             if run.generated >= run.sub.output_tokens:
                 continue  # done in this iteration; it leaves anyway
             victims.append(rid)
-            freeable += run.private + sum(1 for k in run.keys if self.cache.refcount(k) == 1)
-            if self.cache.can_allocate(hits, n_new - freeable):
+            # What the victim frees: private blocks, prefixes only it holds, and its share.
+            freeable = run.private + sum(1 for k in run.keys if self.cache.refcount(k) == 1)
+            room += freeable * self.params.block_size + self._shares.get(rid, 0.0)
+            if self._fits(demand, room):
                 break  # any victim frees a slot; now the blocks fit too
-        if not victims or not self.cache.can_allocate(hits, n_new - freeable):
+        if not victims or not self._fits(demand, room):
             return False
         for rid in victims:
             run = self._running.pop(rid)
+            self._shares.pop(rid, None)
             # What it computed stays cached; it goes on from there when it starts again.
-            self._waiting[rid] = _Waiting(run.sub, self._leave(run), run.generated)
+            self._waiting[rid] = _Waiting(run.sub, self._leave(run), run.generated, resumed=True)
             self.preempted_total += 1
         return True

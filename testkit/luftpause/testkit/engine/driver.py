@@ -16,8 +16,9 @@ from collections.abc import Callable
 
 import structlog
 
-from luftpause.testkit.engine.core import EngineCore, EngineStats, Step, Submission
+from luftpause.testkit.engine.core import EngineCore
 from luftpause.testkit.engine.params import EngineParams
+from luftpause.testkit.engine.records import EngineStats, Step, Submission
 
 log = structlog.get_logger(__name__)
 

@@ -8,7 +8,8 @@ Pure module: no I/O. Theory of operation (vLLM's design, counted rather than add
 - a request asks for its prefix hits plus `n_new` private blocks; when there are too few free
   blocks, evictable blocks are evicted oldest first. A referenced block is never evicted;
 - a request publishes its private blocks under keys once their tokens are known (its prompt at
-  admission, its reply at the end), and releases all it holds when it leaves. Blocks are
+  admission, its reply at the end), and releases all it holds when it leaves. A request may
+  take more private blocks while it runs (a reply that grows block by block). Blocks are
   released tail first, so the tail of a prefix is evicted before its head.
 
 Invariant: free + private + cached == total.
@@ -57,10 +58,14 @@ class PrefixCache:
             n += 1
         return n
 
+    def room(self, hits: Sequence[int] = ()) -> int:
+        """Fresh blocks there are room for once `hits` (cached) are referenced."""
+        pinned = sum(1 for key in hits if self._refs[key] == 0)
+        return self.free + len(self._lru) - pinned
+
     def can_allocate(self, hits: Sequence[int], n_new: int) -> bool:
         """Whether `hits` (cached) plus `n_new` fresh blocks fit right now."""
-        pinned = sum(1 for key in hits if self._refs[key] == 0)
-        return self.free + len(self._lru) - pinned >= n_new
+        return self.room(hits) >= n_new
 
     def allocate(self, hits: Sequence[int], n_new: int) -> None:
         """Reference `hits` and take `n_new` private blocks, evicting LRU blocks if needed."""

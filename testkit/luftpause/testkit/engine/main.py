@@ -12,11 +12,21 @@ import ssl
 
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.testkit.engine.params import EngineParams, SimParams
+from luftpause.testkit.engine.params import ADMISSIONS, TOOL_STYLES, EngineParams, SimParams
 from luftpause.testkit.engine.server import serve, server_tls_context
 
 _E = EngineParams()
 _S = SimParams()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
         "unset: never preempt, as vLLM",
     )
     add(
+        "--admission",
+        choices=ADMISSIONS,
+        default=_E.admission,
+        help="reserve: a request starts when blocks for its prompt and whole max_tokens fit; "
+        "sglang: SGLang's admission (running replies counted at new_token_ratio, reply blocks "
+        "on demand, retraction when a decode step runs out)",
+    )
+    add(
+        "--stream-interval",
+        type=_positive_int,
+        default=_S.stream_interval,
+        metavar="N",
+        help="streamed replies: the first token at once, then one SSE chunk per N tokens "
+        "(SGLang's --stream-interval)",
+    )
+    add(
         "--time-scale",
         type=float,
         default=_S.time_scale,
@@ -79,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=_S.tool_rounds,
         help="tool calls before a final answer (header x-sim-tool-rounds overrides)",
+    )
+    add(
+        "--tool-style",
+        choices=TOOL_STYLES,
+        default=_S.tool_style,
+        help="openai: tool_calls while tools are offered; text: a <tool_call> block in the "
+        "content, finish reason stop (header x-sim-tool-style overrides)",
     )
     add("--reply-tokens", type=int, default=_S.reply_tokens, help="tokens in a final answer")
     add(
@@ -119,6 +152,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         decode_ms_per_seq=args.decode_ms_per_seq,
         priority_order=args.priority_scheduling,
         preempt_threshold=args.priority_preemption_threshold,
+        admission=args.admission,
     )
     return SimParams(
         engine=engine,
@@ -127,6 +161,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         kind=args.kind,
         time_scale=args.time_scale,
         tool_rounds=args.tool_rounds,
+        tool_style=args.tool_style,
         reply_tokens=args.reply_tokens,
         default_max_tokens=args.default_max_tokens,
         labels=tuple(x.strip() for x in args.labels.split(",") if x.strip()),
@@ -135,6 +170,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         rate_window_s=args.rate_window_s,
         require_key=args.require_key,
         slot_saves=args.slot_saves,
+        stream_interval=args.stream_interval,
     )
 
 

@@ -2,14 +2,14 @@
 
 Pure module: renders an `EngineStats` snapshot plus the shell's own counters.
 Usage gauges count blocks held by running requests; cached but unreferenced blocks count as
-free, as both engines report them.
+free, as both engines report them. Token amounts are whole blocks times the block size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from luftpause.testkit.engine.core import EngineStats
+from luftpause.testkit.engine.records import EngineStats
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,12 +28,55 @@ def _escape(value: str) -> str:
 
 def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str) -> str:
     """The exposition text; every sample is `name{labels} value` on its own line."""
-    labels = f'{{model_name="{_escape(model)}",engine="{_escape(replica)}"}}'
+    base = f'model_name="{_escape(model)}",engine="{_escape(replica)}"'
+    bs = stats.block_size
     rows: list[tuple[str, str, str, float]] = [
         ("sglang:num_running_reqs", "gauge", "Running requests", stats.running),
         ("sglang:num_queue_reqs", "gauge", "Requests in the waiting queue", stats.waiting),
         ("sglang:cache_hit_rate", "gauge", "Prefix cache hit rate (tokens)", stats.cache_hit_rate),
         ("sglang:token_usage", "gauge", "Fraction of the KV pool in use", stats.token_usage),
+        (
+            "sglang:max_total_num_tokens",
+            "gauge",
+            "KV pool size in tokens",
+            stats.total_blocks * bs,
+        ),
+        (
+            "sglang:num_used_tokens",
+            "gauge",
+            "KV tokens held by running requests",
+            stats.used_blocks * bs,
+        ),
+        (
+            "sglang:kv_available_tokens",
+            "gauge",
+            "KV tokens free",
+            stats.free_blocks * bs,
+        ),
+        (
+            "sglang:kv_evictable_tokens",
+            "gauge",
+            "KV tokens cached and unreferenced (evictable)",
+            stats.evictable_blocks * bs,
+        ),
+        (
+            "sglang:kv_used_tokens",
+            "gauge",
+            "KV tokens held by running requests",
+            stats.used_blocks * bs,
+        ),
+        (
+            "sglang:new_token_ratio",
+            "gauge",
+            "Share of a running request's remaining reply that admission reserves",
+            stats.new_token_ratio,
+        ),
+        (
+            "sglang:num_retracted_requests_total",
+            "counter",
+            "Running requests retracted because a decode step ran out of KV blocks",
+            stats.retracted_total,
+        ),
         ("vllm:num_requests_running", "gauge", "Running requests", stats.running),
         ("vllm:num_requests_waiting", "gauge", "Waiting requests", stats.waiting),
         ("vllm:gpu_cache_usage_perc", "gauge", "KV cache usage, 1 = full", stats.token_usage),
@@ -126,5 +169,15 @@ def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str
         family = name.removesuffix("_total") if kind == "counter" else name
         lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}"]
         shown = str(value) if isinstance(value, int) else f"{value:.6g}"
-        lines.append(f"{name}{labels} {shown}")
+        lines.append(f"{name}{{{base}}} {shown}")
+    # vLLM's info gauge: the value is 1, the configuration is in the labels.
+    info = (
+        f'{base},num_gpu_blocks="{stats.total_blocks}",block_size="{bs}",'
+        f'kv_cache_size_tokens="{stats.total_blocks * bs}"'
+    )
+    lines += [
+        "# HELP vllm:cache_config_info Information of the KV cache configuration",
+        "# TYPE vllm:cache_config_info gauge",
+        f"vllm:cache_config_info{{{info}}} 1",
+    ]
     return "\n".join(lines) + "\n"

@@ -18,6 +18,13 @@ Kind = Literal["generative", "single-pass"]
 # How the waiting queue is ordered: arrival only, or by the request's `priority` field (lower
 # values first, as vLLM's priority policy; or higher first, as SGLang's default), then arrival.
 PriorityOrder = Literal["off", "low-first", "high-first"]
+# How the model calls tools: OpenAI `tool_calls`, or a `<tool_call>` block in plain text.
+ToolStyle = Literal["openai", "text"]
+TOOL_STYLES: tuple[ToolStyle, ...] = ("openai", "text")
+# How a waiting request is admitted: with blocks for its whole reply reserved up front, or as
+# SGLang does (ratio-discounted reply estimates, reply blocks on demand, retraction; `sglang`).
+Admission = Literal["reserve", "sglang"]
+ADMISSIONS: tuple[Admission, ...] = ("reserve", "sglang")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,8 +43,11 @@ class EngineParams:
     # priority is worse by more than this (SGLang's --priority-scheduling-preemption-threshold,
     # 10 by default there). None: a running request keeps its slot whatever arrives (vLLM).
     preempt_threshold: int | None = None
+    admission: Admission = "reserve"
 
     def __post_init__(self) -> None:
+        if self.admission not in ADMISSIONS:
+            raise ValueError("admission must be reserve or sglang")
         if self.priority_order not in ("off", "low-first", "high-first"):
             raise ValueError("priority_order must be off, low-first or high-first")
         if self.preempt_threshold is not None:
@@ -57,6 +67,11 @@ class EngineParams:
     @property
     def total_blocks(self) -> int:
         return self.kv_tokens // self.block_size
+
+    @property
+    def pool_tokens(self) -> int:
+        """The KV pool in tokens, whole blocks only (SGLang's max_total_num_tokens)."""
+        return self.total_blocks * self.block_size
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks needed to hold `tokens` tokens."""
@@ -78,6 +93,7 @@ class SimParams:
     kind: Kind = "generative"
     time_scale: float = 1.0
     tool_rounds: int = 3
+    tool_style: ToolStyle = "openai"
     reply_tokens: int = 64
     default_max_tokens: int = 256
     labels: tuple[str, ...] = ("urgent", "lookup", "chitchat")
@@ -85,6 +101,8 @@ class SimParams:
     tpm: int | None = None
     rate_window_s: float = 60.0
     require_key: str | None = None
+    # Tokens per streamed chunk after the first (SGLang's --stream-interval).
+    stream_interval: int = 1
     # Answer llama.cpp's slot save/restore calls (as llama-server with --slot-save-path).
     slot_saves: bool = False
     debug_log_size: int = 1000
@@ -94,6 +112,10 @@ class SimParams:
             raise ValueError("time_scale must be > 0")
         if self.tool_rounds < 0 or self.reply_tokens < 1 or self.default_max_tokens < 1:
             raise ValueError("tool_rounds >= 0, reply_tokens >= 1, default_max_tokens >= 1")
+        if self.tool_style not in TOOL_STYLES:
+            raise ValueError("tool_style must be openai or text")
+        if self.stream_interval < 1:
+            raise ValueError("stream_interval must be >= 1")
         if len(self.labels) < 2:
             raise ValueError("single-pass needs at least two labels")
         if (self.rpm is not None and self.rpm < 1) or (self.tpm is not None and self.tpm < 1):

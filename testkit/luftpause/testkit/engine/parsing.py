@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from luftpause.testkit.engine.params import SimParams
+from luftpause.testkit.engine.params import TOOL_STYLES, SimParams, ToolStyle
 
 
 class HttpError(Exception):
@@ -74,6 +74,7 @@ class ChatRequest:
     max_tokens: int
     tool_rounds: int
     top_logprobs: int | None
+    tool_style: ToolStyle = "openai"
     fail: Failure | None = None
     priority: int = 0
 
@@ -117,6 +118,9 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimPara
         tool_rounds = params.tool_rounds if rounds is None else int(rounds)
     except ValueError as exc:
         raise HttpError(400, "x-sim-tool-rounds must be an integer.") from exc
+    tool_style = headers.get("x-sim-tool-style", params.tool_style).strip().lower()
+    if tool_style not in TOOL_STYLES:
+        raise HttpError(400, "x-sim-tool-style must be openai or text.")
     top = None
     if body.get("logprobs"):
         raw_top = body.get("top_logprobs") or 0
@@ -134,6 +138,7 @@ def parse_chat(body: dict[str, Any], headers: Mapping[str, str], params: SimPara
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         max_tokens=max_tokens,
         tool_rounds=tool_rounds,
+        tool_style=tool_style,
         top_logprobs=top,
         fail=parse_failure(headers.get(FAIL_HEADER)),
         priority=priority,

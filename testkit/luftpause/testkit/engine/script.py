@@ -4,6 +4,11 @@ Pure module: no I/O, no randomness (ids come in from the caller). The script:
 - a request that offers `tools` (and does not say `tool_choice: "none"`) and holds fewer than
   `tool_rounds` messages of role `tool` gets one call to the first offered tool, its required
   parameters filled with plausible values;
+- in the text tool style (a harness that parses calls out of plain text and sends results back
+  as user messages), a request that holds fewer than `tool_rounds` assistant messages with a
+  `<tool_call>` in their content gets the content `<tool_call>{"name": ..., "arguments": {...}}
+  </tool_call>` and finish reason "stop": an ordinary text reply, as a router sees it. The tool
+  is the first offered one, or `lookup` when the request offers none;
 - otherwise a final answer of `reply_tokens` filler words (cut at `max_tokens`). When the last
   user message lists labels ("one of: a, b, c", or several quoted strings), the answer starts
   with one of them, and logprobs of the first token rank the labels first.
@@ -20,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from luftpause.testkit.engine.params import ToolStyle
 from luftpause.testkit.engine.tokens import CHARS_PER_TOKEN, content_text, render_tool_call
 
 _FILLER_TEXT = (
@@ -34,6 +40,17 @@ _LIST_INTRO = re.compile(
 )
 _LIST_SPLIT = re.compile(r"\s*(?:,|\||/|\bor\b)\s*")
 _QUOTED = re.compile(r"[\"'`]([^\"'`\n]{1,40})[\"'`]")
+TEXT_CALL_OPEN = "<tool_call>"
+_LOOKUP: Mapping[str, Any] = {
+    "name": "lookup",
+    "parameters": {"properties": {"query": {"type": "string"}}, "required": ["query"]},
+}
+_QUERIES = (
+    "length of the river Loire",
+    "year the old mill was built",
+    "population of the town in 1900",
+    "height of the town hall tower",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,15 +126,40 @@ def _fill(schema: Mapping[str, Any], name: str) -> Any:
     return f"{name} for the next step"
 
 
-def _tool_pieces(tool: Mapping[str, Any]) -> tuple[str, str, tuple[str, ...]]:
+def _tool_args(tool: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The tool's name and its required parameters, filled."""
     fn = tool.get("function", tool)
-    name = str(fn.get("name", "tool"))
     schema = fn.get("parameters") or {}
     props = schema.get("properties") or {}
     args = {key: _fill(props.get(key) or {}, key) for key in schema.get("required") or []}
-    arguments = json.dumps(args)
+    return str(fn.get("name", "tool")), args
+
+
+def _chunks(text: str) -> tuple[str, ...]:
     step = CHARS_PER_TOKEN
-    return name, arguments, ("", *(arguments[i : i + step] for i in range(0, len(arguments), step)))
+    return tuple(text[i : i + step] for i in range(0, len(text), step))
+
+
+def _tool_pieces(tool: Mapping[str, Any]) -> tuple[str, str, tuple[str, ...]]:
+    name, args = _tool_args(tool)
+    arguments = json.dumps(args)
+    return name, arguments, ("", *_chunks(arguments))
+
+
+def text_calls(messages: Sequence[Mapping[str, Any]]) -> int:
+    """Assistant messages that wrote a tool call as text."""
+    return sum(
+        1
+        for m in messages
+        if m.get("role") == "assistant" and TEXT_CALL_OPEN in content_text(m.get("content"))
+    )
+
+
+def _text_call(tools: Sequence[Mapping[str, Any]], done: int) -> str:
+    name, args = _tool_args(tools[0] if tools else _LOOKUP)
+    if isinstance(args.get("query"), str):
+        args["query"] = _QUERIES[done % len(_QUERIES)]
+    return f"{TEXT_CALL_OPEN}{json.dumps({'name': name, 'arguments': args})}</tool_call>"
 
 
 def plan_reply(
@@ -127,11 +169,21 @@ def plan_reply(
     reply_tokens: int,
     max_tokens: int,
     call_id: str,
+    tool_style: ToolStyle = "openai",
 ) -> Reply:
     """Script the reply to a chat request."""
     messages = request.get("messages") or []
     tools = request.get("tools") or []
-    if tools and request.get("tool_choice") != "none" and tool_results(messages) < tool_rounds:
+    if tool_style == "text" and (done := text_calls(messages)) < tool_rounds:
+        pieces = _chunks(_text_call(tools, done))
+        cut = len(pieces) > max_tokens
+        return Reply(pieces=pieces[:max_tokens], finish_reason="length" if cut else "stop")
+    if (
+        tool_style == "openai"
+        and tools
+        and request.get("tool_choice") != "none"
+        and tool_results(messages) < tool_rounds
+    ):
         name, arguments, pieces = _tool_pieces(tools[0])
         cut = len(pieces) > max_tokens
         return Reply(

@@ -4,7 +4,7 @@ Shell layer: parses requests, asks the pure modules what to answer, and waits on
 `EngineDriver` for tokens. A client that goes away aborts its request in the engine (the
 runner cancels the handler on disconnect; a failed write does the same). An injected failure
 (`x-sim-fail`, see `parsing`) refuses at once or cuts the connection part way through a reply;
-a cut request is aborted in the engine like a client's.
+a cut request is aborted in the engine like a client's. `replies` writes streams and cuts.
 """
 
 from __future__ import annotations
@@ -22,20 +22,18 @@ from typing import Any
 
 from aiohttp import web
 
-from luftpause.testkit.engine import metrics, slotfiles, wire
-from luftpause.testkit.engine.core import RequestTooLarge, Submission
-from luftpause.testkit.engine.driver import EngineDriver, Handle, SimClock
+from luftpause.testkit.engine import metrics, replies, slotfiles, wire
+from luftpause.testkit.engine.driver import EngineDriver, SimClock
 from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.parsing import (
-    ChatRequest,
-    Failure,
     HttpError,
     decode_body,
     parse_chat,
     parse_classify,
 )
 from luftpause.testkit.engine.ratelimit import RateLimiter
-from luftpause.testkit.engine.script import Reply, classify_probs, plan_reply
+from luftpause.testkit.engine.records import RequestTooLarge, Submission
+from luftpause.testkit.engine.script import classify_probs, plan_reply
 from luftpause.testkit.engine.tokens import (
     END,
     render_prompt,
@@ -133,6 +131,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         reply_tokens=sim.params.reply_tokens,
         max_tokens=chat.max_tokens,
         call_id=f"call_{secrets.token_hex(12)}",
+        tool_style=chat.tool_style,
     )
     sub = Submission(
         rid=f"chatcmpl-{secrets.token_hex(12)}",
@@ -151,12 +150,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     try:
         if chat.stream:
-            return await _stream(request, handle, env, reply, chat, headers)
+            interval = sim.params.stream_interval
+            return await replies.stream(request, handle, env, reply, chat, headers, interval)
         await handle.done
         use = wire.usage(prompt=len(prompt), completion=handle.generated, cached=handle.cached)
         body = wire.completion(env, reply, handle.generated, use, chat.top_logprobs)
         if chat.fail is not None:
-            return await _cut_body(request, json.dumps(body).encode(), headers)
+            return await replies.cut_body(request, json.dumps(body).encode(), headers)
         return web.json_response(body, headers=headers)
     finally:
         sim.driver.release(sub.rid)
@@ -168,66 +168,6 @@ def _injected(status: int) -> HttpError:
     err = HttpError(status, f"Simulated failure: status {status}.", kind)
     err.headers = {"Retry-After": "1"}
     return err
-
-
-def _cut(request: web.Request) -> None:
-    """Drop the connection at once, with no proper end of the reply: a crashed engine."""
-    if request.transport is not None:
-        request.transport.abort()
-
-
-async def _cut_body(
-    request: web.Request, body: bytes, headers: dict[str, str]
-) -> web.StreamResponse:
-    """Announce the whole JSON body, send half of it, then drop the connection."""
-    resp = web.StreamResponse(headers={"Content-Type": "application/json", **headers})
-    resp.content_length = len(body)
-    await resp.prepare(request)
-    await resp.write(body[: len(body) // 2])
-    _cut(request)
-    return resp
-
-
-async def _stream(
-    request: web.Request,
-    handle: Handle,
-    env: wire.Envelope,
-    reply: Reply,
-    chat: ChatRequest,
-    headers: dict[str, str],
-) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
-    )
-    await resp.prepare(request)
-    assert handle.tokens is not None
-    cut_at = _cut_point(chat.fail)
-    try:
-        for sent in range(handle.sub.output_tokens):
-            if sent == cut_at:
-                break
-            index = await handle.tokens.get()
-            await resp.write(wire.token_chunk(env, reply, index, chat.top_logprobs))
-        if cut_at is not None:
-            _cut(request)
-            return resp
-        await handle.done
-        await resp.write(wire.finish_chunk(env, reply.finish_reason))
-        if chat.include_usage:
-            use = wire.usage(
-                prompt=len(handle.sub.prompt), completion=handle.generated, cached=handle.cached
-            )
-            await resp.write(wire.usage_chunk(env, use))
-        await resp.write(wire.DONE)
-        await resp.write_eof()
-    except ConnectionError:
-        pass  # the client left; the caller's `finally` aborts the request
-    return resp
-
-
-def _cut_point(fail: Failure | None) -> int | None:
-    """After how many token chunks a stream is cut, or None for a whole reply."""
-    return fail.after_chunks if fail is not None and fail.midstream else None
 
 
 async def classify(request: web.Request) -> web.StreamResponse:
@@ -277,6 +217,12 @@ async def list_models(request: web.Request) -> web.StreamResponse:
 
 async def health(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
+
+
+async def server_info(request: web.Request) -> web.StreamResponse:
+    """SGLang's /server_info: the pool size and limits a client may size its load by."""
+    sim = request.app[SIM]
+    return web.json_response(wire.server_info(sim.params))
 
 
 async def prometheus(request: web.Request) -> web.StreamResponse:
@@ -361,6 +307,7 @@ def make_app(params: SimParams) -> web.Application:
     app.router.add_post("/classify", classify)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
+    app.router.add_get("/server_info", server_info)
     app.router.add_get("/metrics", prometheus)
     app.router.add_post("/slots/{slot}", slot_action)
     app.router.add_get("/debug/requests", debug_requests)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.script import Reply, token_logprobs
 
 DONE = b"data: [DONE]\n\n"
@@ -90,22 +91,38 @@ def _chunk(env: Envelope, choice: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def flush_after(index: int, total: int, interval: int) -> bool:
+    """Whether a stream sends a frame once token `index` (of `total`) is generated.
+
+    As SGLang with `--stream-interval N`: the first token at once, then every N tokens, and the
+    last one; with N = 1, every token.
+    """
+    return index % interval == 0 or index == total - 1
+
+
 def token_chunk(env: Envelope, reply: Reply, index: int, top_logprobs: int | None) -> bytes:
     """The SSE frame of generated token `index`."""
-    piece = reply.pieces[index]
+    return tokens_chunk(env, reply, index, index + 1, top_logprobs)
+
+
+def tokens_chunk(
+    env: Envelope, reply: Reply, start: int, stop: int, top_logprobs: int | None
+) -> bytes:
+    """One SSE frame carrying generated tokens `start` to `stop` (exclusive)."""
+    text = "".join(reply.pieces[start:stop])
     delta: dict[str, Any]
     if reply.tool_call is None:
-        delta = {"role": "assistant", "content": piece} if index == 0 else {"content": piece}
-    elif index == 0:
+        delta = {"role": "assistant", "content": text} if start == 0 else {"content": text}
+    elif start == 0:
         call = _tool_call(reply)
         call["index"] = 0
-        call["function"]["arguments"] = ""
+        call["function"]["arguments"] = text  # the first piece of a call is empty
         delta = {"role": "assistant", "content": None, "tool_calls": [call]}
     else:
-        delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+        delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
     logprobs = None
     if top_logprobs is not None:
-        logprobs = {"content": [token_logprobs(reply, index, top_logprobs)]}
+        logprobs = {"content": [token_logprobs(reply, i, top_logprobs) for i in range(start, stop)]}
     choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
     return sse(_chunk(env, choice))
 
@@ -119,6 +136,20 @@ def usage_chunk(env: Envelope, use: dict[str, Any]) -> bytes:
     body = _chunk(env, None)
     body["usage"] = use
     return sse(body)
+
+
+def server_info(params: SimParams) -> dict[str, Any]:
+    """SGLang's /server_info body (its names, top level), as far as the simulator has them."""
+    engine = params.engine
+    return {
+        "model_path": params.model,
+        "max_total_num_tokens": engine.pool_tokens,
+        "max_running_requests": engine.max_running,
+        "max_prefill_tokens": engine.max_prefill_tokens,
+        "page_size": engine.block_size,
+        "stream_interval": params.stream_interval,
+        "admission": engine.admission,
+    }
 
 
 def models(model: str, created: int, owner: str) -> dict[str, Any]:
