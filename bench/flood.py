@@ -46,7 +46,7 @@ import aiohttp
 from bench.arms import ARMS, start_engines, start_front
 from bench.common import RESULTS, write_result
 from bench.report import flood_table as table
-from luftpause.scheduler.prober import parse_load
+from luftpause.scheduler.engine_load import parse_load
 from luftpause.testkit.loadgen import Workload, run_workload
 from luftpause.testkit.stack import SIM_MODEL
 
@@ -159,7 +159,7 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             batch=args.batch,
             context_chars=args.context_chars,
             tool_calls=args.tool_calls,
-            tool_seconds=1.0 / args.time_scale,
+            tool_seconds=args.tool_seconds / args.time_scale,
             window_s=args.window_s,
             seed=args.seed,
             callers=4,
@@ -234,6 +234,9 @@ def main() -> None:
     p.add_argument("--context-chars", type=int, help="characters of context (sim 8000)")
     p.add_argument("--tool-calls", type=int, help="tool calls per run at most (sim 3)")
     p.add_argument("--max-tokens", type=int, help="reply tokens per turn at most (sim 64)")
+    p.add_argument(
+        "--tool-seconds", type=float, default=1.0, help="seconds a tool call takes (simulated)"
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--engine-priority",

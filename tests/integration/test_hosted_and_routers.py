@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from openai import AsyncOpenAI
 
-from luftpause.scheduler.prober import Load, parse_load
+from luftpause.scheduler.engine_load import Load, parse_load
 from luftpause.testkit.procs import Proc, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from luftpause.scheduler.prober import Load, parse_load
+from luftpause.scheduler.engine_load import Load, parse_load
 
 SGLANG = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -49,3 +49,60 @@ def test_malformed_lines_are_skipped() -> None:
         "sglang:num_queue_reqs x\nsglang:num_queue_reqs 2 1700000000\n"
     )
     assert parse_load(text) == Load(running=1, waiting=2)
+
+
+SGLANG_KV = SGLANG + (
+    'sglang:max_total_num_tokens{model_name="m"} 96000.0\n'
+    'sglang:num_used_tokens{model_name="m"} 48000.0\n'
+    'sglang:token_usage{model_name="m"} 0.25\n'
+)
+VLLM_KV = VLLM + (
+    'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2000",'
+    'enable_prefix_caching="True"} 1.0\n'
+    'vllm:kv_cache_usage_perc{model_name="m"} 0.5\n'
+)
+
+
+def test_sglang_kv_pool_and_used_tokens_are_read() -> None:
+    assert parse_load(SGLANG_KV) == Load(running=7, waiting=3, kv_total=96000, kv_used=48000)
+
+
+def test_sglang_token_usage_stands_in_for_used_tokens() -> None:
+    text = SGLANG + "sglang:max_total_num_tokens 1000\nsglang:token_usage 0.25\n"
+    assert parse_load(text) == Load(running=7, waiting=3, kv_total=1000, kv_used=250)
+
+
+def test_vllm_pool_comes_from_the_cache_config_labels() -> None:
+    assert parse_load(VLLM_KV) == Load(running=6, waiting=1, kv_total=32000, kv_used=16000)
+    sized = VLLM + 'vllm:cache_config_info{kv_cache_size_tokens="5000"} 1\n'
+    assert parse_load(sized) == Load(running=6, waiting=1, kv_total=5000, kv_used=None)
+
+
+def test_vllm_older_usage_name_is_read() -> None:
+    text = VLLM_KV.replace("kv_cache_usage_perc", "gpu_cache_usage_perc")
+    assert parse_load(text) == Load(running=6, waiting=1, kv_total=32000, kv_used=16000)
+
+
+def test_missing_or_malformed_kv_figures_leave_the_pool_unknown() -> None:
+    assert parse_load(SGLANG) == Load(running=7, waiting=3)
+    bad = VLLM + 'vllm:cache_config_info{num_gpu_blocks="None",block_size="16"} 1\n'
+    assert parse_load(bad) == Load(running=6, waiting=1)
+    assert parse_load(SGLANG + "sglang:max_total_num_tokens 0\n") == Load(running=7, waiting=3)
+
+
+def test_the_simulators_own_metrics_give_its_pool() -> None:
+    from luftpause.testkit.engine.core import EngineCore
+    from luftpause.testkit.engine.metrics import ShellCounters, render
+    from luftpause.testkit.engine.params import EngineParams
+
+    stats = EngineCore(EngineParams(kv_tokens=4096)).stats()
+    shell = ShellCounters(
+        requests_total=0,
+        rate_limited_total=0,
+        rejected_total=0,
+        steps_total=0,
+        busy_ms_total=0.0,
+        lag_seconds=0.0,
+    )
+    load = parse_load(render(stats, shell, model="m", replica="e"))
+    assert load == Load(running=0, waiting=0, kv_total=4096, kv_used=0)

@@ -18,15 +18,9 @@ from structlog.testing import capture_logs
 
 from luftpause.common.config import Endpoint, parse_config
 from luftpause.scheduler.core.model import Replica
+from luftpause.scheduler.engine_load import Load, sum_loads
 from luftpause.scheduler.host import SchedulerHost
-from luftpause.scheduler.prober import (
-    Load,
-    LoadTarget,
-    Prober,
-    engine_slots,
-    load_targets,
-    sum_loads,
-)
+from luftpause.scheduler.prober import LoadTarget, Prober, engine_slots, load_targets
 
 PERIOD = 0.2
 
@@ -54,6 +48,13 @@ def test_targets_without_a_load_are_left_out_of_the_sum() -> None:
 def test_no_target_with_a_load_means_no_load() -> None:
     assert sum_loads([None, None]) is None
     assert sum_loads([]) is None
+
+
+def test_kv_pools_are_summed_only_when_every_target_reports_one() -> None:
+    both = [Load(running=1, waiting=0, kv_total=100, kv_used=10)] * 2
+    assert sum_loads(both) == Load(running=2, waiting=0, kv_total=200, kv_used=20)
+    one = [both[0], Load(running=1, waiting=0)]
+    assert sum_loads(one) == Load(running=2, waiting=0)
 
 
 def test_plain_replica_reads_its_own_metrics_path_with_its_own_key() -> None:

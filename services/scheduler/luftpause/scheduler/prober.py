@@ -1,6 +1,6 @@
 """The prober: reads every replica's health path and `/metrics` each probe period.
 
-`parse_load`, `sum_loads` and `load_targets` are pure (text or config in, values out); `Prober`
+`load_targets` is pure (config in, values out; metrics are read by `engine_load`); `Prober`
 is the shell that does the HTTP and feeds `ProbeResult` events to the host. A health probe that
 fails, answers non-2xx or takes longer than the period marks the replica unhealthy; a replica
 whose metrics cannot be read, or that exports none of the known names, is healthy but reports no
@@ -17,18 +17,14 @@ An endpoint with engine `slots` (llama.cpp) is also asked once each time it turn
 many slots it has (`GET /props`, `total_slots`); when that differs from the file, the prober
 logs a warning: the scheduler would name slots the engine does not have, or leave some unused.
 
-Engine metric names understood (running, waiting), first match wins:
-  SGLang     sglang:num_running_reqs      sglang:num_queue_reqs
-  vLLM       vllm:num_requests_running    vllm:num_requests_waiting
-  llama.cpp  llamacpp:requests_processing llamacpp:requests_deferred
+The metric names understood are in `engine_load`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -36,65 +32,12 @@ import structlog
 
 from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.events import ProbeResult
+from luftpause.scheduler.engine_load import Load, parse_load, sum_loads
 from luftpause.scheduler.host import SchedulerHost
 
 log = structlog.get_logger(__name__)
 
 PROBE_PERIOD_S = 2.0
-
-LOAD_NAMES: tuple[tuple[str, str], ...] = (
-    ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-    ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
-)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Load:
-    running: int
-    waiting: int
-
-
-def _samples(text: str) -> dict[str, float]:
-    """Sum of every sample per metric name (over label sets such as model_name)."""
-    sums: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end <= 0:
-            continue
-        name = line[:name_end]
-        rest = line[line.rfind("}") + 1 :] if line[name_end] == "{" else line[name_end:]
-        fields = rest.split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            sums[name] = sums.get(name, 0.0) + value
-    return sums
-
-
-def parse_load(text: str) -> Load | None:
-    """Running and waiting requests from Prometheus text, or None if no known names."""
-    sums = _samples(text)
-    for running, waiting in LOAD_NAMES:
-        if running in sums and waiting in sums:
-            return Load(running=int(sums[running]), waiting=int(sums[waiting]))
-    return None
-
-
-def sum_loads(loads: Iterable[Load | None]) -> Load | None:
-    """The summed load of the targets that gave one; None when none did."""
-    known = [load for load in loads if load is not None]
-    if not known:
-        return None
-    return Load(
-        running=sum(load.running for load in known), waiting=sum(load.waiting for load in known)
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +115,8 @@ class Prober:
             healthy=healthy,
             running=load.running if load else None,
             waiting=load.waiting if load else None,
+            kv_total=load.kv_total if load else None,
+            kv_used=load.kv_used if load else None,
         )
 
     async def _healthy(self, endpoint: Endpoint) -> bool:

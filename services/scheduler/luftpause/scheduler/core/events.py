@@ -30,6 +30,8 @@ class Admit:
     dataplane: str = ""
     single_pass: bool = False
     placed_on: str = ""
+    # Size of the request body: sizes a new run's first turn before its usage is known.
+    prompt_bytes: int = 0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.turn_id)
@@ -90,6 +92,9 @@ class ProbeResult:
     healthy: bool
     running: int | None = None
     waiting: int | None = None
+    # The engine's KV pool and the tokens its batch holds, when its metrics say.
+    kv_total: int | None = None
+    kv_used: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
