@@ -141,3 +141,25 @@ def test_priority_gives_the_number_each_class_carries_to_the_engine() -> None:
 def test_priority_needs_two_integers_one_per_class(value: Any) -> None:
     with pytest.raises(ConfigError, match="priority"):
         config(engine("a", priority=value))
+
+
+def test_kv_tokens_sets_an_engines_kv_pool() -> None:
+    [e] = config(engine("a", kv_tokens=96000)).endpoints
+    assert e.kv_tokens == 96000
+    [plain] = config(engine("b")).endpoints
+    assert plain.kv_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        ({"kv_tokens": -1}, "kv_tokens"),
+        ({"kv_tokens": "96k"}, "kv_tokens"),
+        ({"kv_tokens": 1000, "kind": "single-pass"}, "kv_tokens is for generative"),
+    ],
+)
+def test_kv_tokens_must_be_a_count_for_a_generative_endpoint(
+    extra: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ConfigError, match=match):
+        config(engine("a", **extra))

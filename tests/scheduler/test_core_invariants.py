@@ -42,6 +42,7 @@ from luftpause.scheduler.core.events import (
     DataplaneConnected,
     DataplaneDisconnected,
     Event,
+    FirstToken,
     Place,
     ProbeResult,
     Resync,
@@ -53,10 +54,10 @@ from luftpause.scheduler.core.events import (
     TurnFailed,
     TurnFinished,
     TurnSnapshot,
+    TurnStarted,
 )
 from luftpause.scheduler.core.model import (
     DATAPLANE_GRACE_S,
-    HeldTurn,
     Phase,
     ServiceClass,
     State,
@@ -64,44 +65,29 @@ from luftpause.scheduler.core.model import (
     draft,
     limit_of,
 )
-from luftpause.scheduler.core.placement import choose_replica, count_room, open_replicas
+from luftpause.scheduler.core.placement import (
+    choose_replica,
+    count_room,
+    open_replicas,
+)
 from luftpause.scheduler.core.queues import bucket_of
+from tests.scheduler.invariant_checks import (
+    after_turns,
+    check_kv_rule,
+    check_residency,
+    could_take,
+    may_unpin,
+    stays_home,
+)
 
 REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
 PREEMPTIVE = Priorities(interactive=0, batch=100, preemptive=True)
 SLOTS = {"b": 2}  # b's engine slots are the scheduler's to assign
 SAVES = {"b": 2}  # and it keeps two saved contexts on its engine's disk
+KV = {"a": 2000}  # a's KV pool is in the endpoint file; c's engine reports one in its metrics
 RUNS = [f"r{i}" for i in range(8)]
 CALLERS = ["x", "y", "z"]
 DATAPLANES = ["dp1", "dp2"]
-
-
-def _may_unpin(before: State, event: Event, run_id: str) -> bool:
-    """Whether `event` itself may legitimately leave the run idle or forget it."""
-    if isinstance(event, Tick | Resync):
-        return True
-    if isinstance(event, RunEnded):
-        return event.run_id == run_id
-    if isinstance(event, TurnFinished | TurnFailed | TurnAbandoned):
-        turn = before.turns.get(event.turn_id)
-        return turn is not None and turn.run_id == run_id
-    return False
-
-
-def _could_take(state: State, held: HeldTurn, replica_id: str) -> bool:
-    """Whether `held` may go to `replica_id` at all (ignoring room)."""
-    replica = state.replicas[replica_id]
-    if not replica.healthy or held.model not in replica.models:
-        return False
-    run = state.runs.get(held.run_id)
-    if run is None or not run.pinned or run.replica == replica_id:
-        return True
-    home = state.replicas.get(run.replica)
-    return home is None or not home.healthy or held.model not in home.models
-
-
-def after_turns(state: State, run_id: str) -> list[Turn]:
-    return [t for t in state.turns.values() if t.run_id == run_id]
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -115,6 +101,7 @@ class CoreMachine(RuleBasedStateMachine):
                 priority=PREEMPTIVE if r == "c" else None,
                 slots=SLOTS.get(r, 0),
                 slot_saves=SAVES.get(r, 0),
+                kv_tokens=KV.get(r, 0),
             )
             for r, m in REPLICAS.items()
         ]
@@ -199,11 +186,13 @@ class CoreMachine(RuleBasedStateMachine):
             if turn.run_id in seen_runs:
                 continue  # an earlier placement this step already moved the run
             seen_runs.add(turn.run_id)
-            if run is not None and run.pinned and not _may_unpin(before, event, run.id):
+            stays = run is not None and stays_home(before, run)
+            if run is not None and stays and not may_unpin(before, event, run.id):
                 home = after.replicas.get(run.replica)
                 if home is not None and home.healthy and turn.model in home.models:
-                    assert action.replica_id == run.replica, "pinned run moved"
+                    assert action.replica_id == run.replica, "pinned or resident run moved"
         self.check_fairness(before, places)
+        check_kv_rule(before, after, event, places)
 
     def check_fairness(self, before: State, places: list[Place]) -> None:
         """Counts only grow while a step drains, so each caller's count when a turn was
@@ -217,8 +206,8 @@ class CoreMachine(RuleBasedStateMachine):
             placed_key = (after.caller_in_flight.get(placed.caller, 0) - later, seq)
             for held in after.held.values():
                 if not (
-                    _could_take(before, held, action.replica_id)
-                    and _could_take(after, held, action.replica_id)
+                    could_take(before, held, action.replica_id)
+                    and could_take(after, held, action.replica_id)
                 ):
                     continue
                 if held.service_class is not placed.service_class:
@@ -236,9 +225,17 @@ class CoreMachine(RuleBasedStateMachine):
         model=st.sampled_from(["m1", "m2"]),
         dt=st.floats(0, 5),
         dataplane=st.sampled_from(DATAPLANES),
+        size=st.sampled_from([0, 800, 4000]),
     )
     def admit(
-        self, run: str, caller: str, batch: bool, model: str, dt: float, dataplane: str
+        self,
+        run: str,
+        caller: str,
+        batch: bool,
+        model: str,
+        dt: float,
+        dataplane: str,
+        size: int = 800,
     ) -> None:
         self.now += dt
         self.turn_no += 1
@@ -252,6 +249,7 @@ class CoreMachine(RuleBasedStateMachine):
                 service_class=cls,
                 caller=caller,
                 dataplane=dataplane,
+                prompt_bytes=size,
             )
         )
 
@@ -309,13 +307,37 @@ class CoreMachine(RuleBasedStateMachine):
         self.admit(run=run, caller=caller, batch=False, model="m1", dt=0.0, dataplane="dp1")
 
     @precondition(lambda self: bool(self.state.turns))
-    @rule(data=st.data(), tool_calls=st.booleans(), how=st.sampled_from(["ok", "fail", "gone"]))
-    def end_turn(self, data: st.DataObject, tool_calls: bool, how: str) -> None:
+    @rule(data=st.data(), first=st.booleans())
+    def stamp(self, data: st.DataObject, first: bool) -> None:
+        """The engine request of a turn started, or sent its first token."""
+        turn_id = data.draw(st.sampled_from(sorted(self.state.turns)))
+        self.now += 0.1
+        kind = FirstToken if first else TurnStarted
+        self.step(kind(at=self.now, turn_id=turn_id))
+
+    @precondition(lambda self: bool(self.state.turns))
+    @rule(
+        data=st.data(),
+        tool_calls=st.booleans(),
+        how=st.sampled_from(["ok", "ok", "fail", "gone"]),
+        prompt=st.sampled_from([0, 200, 700, 1500]),
+        cached=st.sampled_from([0, 100]),
+    )
+    def end_turn(
+        self, data: st.DataObject, tool_calls: bool, how: str, prompt: int, cached: int
+    ) -> None:
         turn_id = data.draw(st.sampled_from(sorted(self.state.turns)))
         self.now += 0.5
         event: Event
         if how == "ok":
-            event = TurnFinished(at=self.now, turn_id=turn_id, tool_calls=tool_calls)
+            event = TurnFinished(
+                at=self.now,
+                turn_id=turn_id,
+                tool_calls=tool_calls,
+                prompt_tokens=prompt,
+                completion_tokens=20 if prompt else 0,
+                cached_tokens=min(cached, prompt),
+            )
         elif how == "fail":
             event = TurnFailed(at=self.now, turn_id=turn_id)
         else:
@@ -333,18 +355,43 @@ class CoreMachine(RuleBasedStateMachine):
         healthy=st.booleans(),
         running=st.sampled_from([None, 1, 2, 2, 3]),
         waiting=st.sampled_from([None, 0, 1, 1, 2]),
+        kv_used=st.sampled_from([None, 100, 1900]),
     )
-    def probe(self, replica: str, healthy: bool, running: int | None, waiting: int | None) -> None:
+    def probe(
+        self,
+        replica: str,
+        healthy: bool,
+        running: int | None,
+        waiting: int | None,
+        kv_used: int | None,
+    ) -> None:
         before = self.state.replicas[replica]
         old_cap = before.cap
+        kv_total = 2000 if replica == "c" and waiting is not None else None
         self.step(
             ProbeResult(
-                at=self.now, replica_id=replica, healthy=healthy, running=running, waiting=waiting
+                at=self.now,
+                replica_id=replica,
+                healthy=healthy,
+                running=running,
+                waiting=waiting,
+                kv_total=kv_total,
+                kv_used=kv_used if waiting is not None else None,
             )
         )
-        cap = self.state.replicas[replica].cap
+        after = self.state.replicas[replica]
+        cap = after.cap
         floor = max(running or 0, 1)
-        if waiting is None or (waiting == 0 and (old_cap is None or not running)):
+        pool = KV.get(replica) or kv_total or before.kv_tokens
+        assert after.kv_tokens == pool, "the KV pool is the file's, else the engine's last"
+        used = kv_used if waiting is not None else None
+        kv_bound = bool(waiting) and pool is not None and used is not None and used >= 0.9 * pool
+        if waiting:
+            assert kv_bound == after.kv_bound, "a queue classified on stale KV figures"
+        if kv_bound:
+            expected = None if old_cap is None else max(old_cap, running or 0)
+            assert cap == expected, "a queue with the KV full moved the cap"
+        elif waiting is None or (waiting == 0 and (old_cap is None or not running)):
             assert cap is None, "no queue reported, or an idle engine, keeps a cap"
         elif old_cap is None:
             assert cap == floor, "a newly queueing engine is not capped at what it runs"
@@ -475,8 +522,11 @@ class CoreMachine(RuleBasedStateMachine):
             for caller, (seq, _) in callers.items()
         }
         assert heads == oldest, "queue heads are not each caller's oldest held turn"
+        check_residency(s)
         for held in s.held.values():
-            assert held.bucket == bucket_of(s, held.run_id, held.model, held.single_pass)
+            assert held.bucket == bucket_of(
+                s, held.run_id, held.model, held.single_pass, held.overdue
+            )
             assert held.id in s.held_by_run[held.run_id]
 
 

@@ -18,6 +18,7 @@ File format (YAML, or TOML by extension)::
         priority: {interactive: 0, batch: 100, preemptive: true}  # see below (optional)
         slots: 4                     # llama.cpp's --parallel: luftpause picks the slot (optional)
         slot_saves: 8                # contexts saved on the engine's disk (optional, see below)
+        kv_tokens: 200000            # the engine's KV pool in tokens (optional, see below)
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -63,6 +64,15 @@ at most K contexts' KV (llama.cpp has no call to delete one; remove them when th
 gone). A failed save or restore only costs the prefill: the turn goes on and the dataplane
 counts it in `luftpause_dataplane_slot_actions`. llama.cpp checks a restored context's tokens
 against the prompt, so a stale file is never used wrongly.
+
+KV pool (`kv_tokens`). An engine that batches up to its KV memory (SGLang, vLLM) keeps a paused
+run's prefix only while the contexts of the runs using it fit in that memory; past it, runs evict
+each other's prefixes during their tool calls and every turn reads its whole context again. The
+scheduler keeps each replica's resident runs (generating, paused on a tool, or idle but expected
+back) within its KV pool by holding new runs while they would not fit (see
+`scheduler.core.residency`). The pool is read from the engine's metrics (SGLang
+`sglang:max_total_num_tokens`, vLLM `vllm:cache_config_info`); `kv_tokens` sets it for an engine
+that does not export it, or overrides it. Without a known pool, new runs are never held for it.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from
@@ -137,6 +147,8 @@ class Endpoint:
     slots: int = 0
     # Slot contexts saved to the engine's disk and restored (llama.cpp --slot-save-path); 0: none.
     slot_saves: int = 0
+    # The engine's KV pool in tokens; 0: read it from the engine's metrics (SGLang, vLLM).
+    kv_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -149,6 +161,10 @@ class Endpoint:
             raise ConfigError(f"endpoint {self.id}: slot_saves must be >= 0")
         if self.slot_saves and not self.slots:
             raise ConfigError(f"endpoint {self.id}: slot_saves needs slots (saves are per slot)")
+        if self.kv_tokens < 0:
+            raise ConfigError(f"endpoint {self.id}: kv_tokens must be >= 0")
+        if self.kv_tokens and self.kind is not EndpointKind.GENERATIVE:
+            raise ConfigError(f"endpoint {self.id}: kv_tokens is for generative endpoints")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(
@@ -250,6 +266,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "priority",
         "slots",
         "slot_saves",
+        "kv_tokens",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -269,6 +286,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         priority=_priorities(raw.get("priority"), f"{where}.priority"),
         slots=_count(raw.get("slots", 0), f"{where}.slots"),
         slot_saves=_count(raw.get("slot_saves", 0), f"{where}.slot_saves"),
+        kv_tokens=_count(raw.get("kv_tokens", 0), f"{where}.kv_tokens"),
     )
 
 

@@ -28,7 +28,7 @@ RUN_PHASE_GENERATING: RunPhase
 RUN_PHASE_TOOL_PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class AdmitRequest(_message.Message):
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
     PLACED_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_BYTES_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -45,7 +46,8 @@ class AdmitRequest(_message.Message):
     dataplane_id: str
     single_pass: bool
     placed_replica_id: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ...) -> None: ...
+    prompt_bytes: int
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority", "engine_slot", "slot_save", "slot_restore")
@@ -264,7 +266,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("id", "url", "healthy", "in_flight", "capacity", "capped", "engine_running", "engine_waiting", "models", "kind", "paused_interactive")
+    __slots__ = ("id", "url", "healthy", "in_flight", "capacity", "capped", "engine_running", "engine_waiting", "models", "kind", "paused_interactive", "kv_tokens", "kv_used", "resident_tokens", "resident_runs", "new_batch_fits", "new_interactive_fits")
     ID_FIELD_NUMBER: _ClassVar[int]
     URL_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +278,12 @@ class ReplicaStatus(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     PAUSED_INTERACTIVE_FIELD_NUMBER: _ClassVar[int]
+    KV_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_USED_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEW_BATCH_FITS_FIELD_NUMBER: _ClassVar[int]
+    NEW_INTERACTIVE_FITS_FIELD_NUMBER: _ClassVar[int]
     id: str
     url: str
     healthy: bool
@@ -287,7 +295,13 @@ class ReplicaStatus(_message.Message):
     models: _containers.RepeatedScalarFieldContainer[str]
     kind: str
     paused_interactive: int
-    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., capped: _Optional[bool] = ..., engine_running: _Optional[int] = ..., engine_waiting: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., paused_interactive: _Optional[int] = ...) -> None: ...
+    kv_tokens: int
+    kv_used: int
+    resident_tokens: int
+    resident_runs: int
+    new_batch_fits: bool
+    new_interactive_fits: bool
+    def __init__(self, id: _Optional[str] = ..., url: _Optional[str] = ..., healthy: _Optional[bool] = ..., in_flight: _Optional[int] = ..., capacity: _Optional[int] = ..., capped: _Optional[bool] = ..., engine_running: _Optional[int] = ..., engine_waiting: _Optional[int] = ..., models: _Optional[_Iterable[str]] = ..., kind: _Optional[str] = ..., paused_interactive: _Optional[int] = ..., kv_tokens: _Optional[int] = ..., kv_used: _Optional[int] = ..., resident_tokens: _Optional[int] = ..., resident_runs: _Optional[int] = ..., new_batch_fits: _Optional[bool] = ..., new_interactive_fits: _Optional[bool] = ...) -> None: ...
 
 class HeldGroup(_message.Message):
     __slots__ = ("service_class", "caller", "count", "oldest_wait_seconds")

@@ -112,6 +112,7 @@ async def _admit_and_proxy(
         service_class=turn.service_class,
         caller=turn.caller,
         dataplane_id=dp.dataplane_id,
+        prompt_bytes=turn.request_bytes,
     )
     runs = dp.runs
     local = None

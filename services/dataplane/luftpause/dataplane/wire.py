@@ -33,6 +33,7 @@ def admit_request(
     service_class: ServiceClass,
     caller: str,
     dataplane_id: str,
+    prompt_bytes: int = 0,
 ) -> pb.AdmitRequest:
     """The Admit call for one turn; the same message is sent again on every retry."""
     return pb.AdmitRequest(
@@ -42,6 +43,7 @@ def admit_request(
         service_class=_CLASS[service_class],
         caller=caller,
         dataplane_id=dataplane_id,
+        prompt_bytes=prompt_bytes,
     )
 
 

@@ -127,6 +127,12 @@ def status_reply(host: SchedulerHost) -> pb.StatusReply:
             models=r["models"],
             kind=r["kind"],
             paused_interactive=r["paused_interactive"],
+            kv_tokens=r["kv"]["tokens"] or 0,
+            kv_used=-1 if r["kv"]["used"] is None else r["kv"]["used"],
+            resident_tokens=r["kv"]["resident_tokens"],
+            resident_runs=r["kv"]["resident_runs"],
+            new_batch_fits=r["kv"]["new_batch_fits"],
+            new_interactive_fits=r["kv"]["new_interactive_fits"],
         )
     for g in view["held"]:
         reply.held.add(
@@ -174,6 +180,7 @@ def _admit_event(host: SchedulerHost, request: pb.AdmitRequest) -> e.Admit:
         dataplane=request.dataplane_id,
         single_pass=request.single_pass,
         placed_on="" if request.single_pass else request.placed_replica_id,
+        prompt_bytes=max(request.prompt_bytes, 0),
     )
 
 

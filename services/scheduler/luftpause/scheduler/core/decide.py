@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core import expiry, lifecycle, queues, slots
+from luftpause.scheduler.core import expiry, holds, lifecycle, queues, residency, slots
 from luftpause.scheduler.core.events import (
     Action,
     Admit,
@@ -54,6 +54,7 @@ from luftpause.scheduler.core.model import (
     State,
     draft,
     evolve,
+    kv_full,
     limit_of,
     next_cap,
     put,
@@ -92,6 +93,8 @@ def initial_state(
             slot_runs=("",) * e.slots,
             saves=("",) * e.slot_saves,
             capacity=limit_of(None, e.slots),
+            kv_config=e.kv_tokens,
+            kv_tokens=e.kv_tokens or None,
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
@@ -115,7 +118,7 @@ def decide(state: State, event: Event) -> Decision:
         case Admit():
             return _admit(state, event)
         case TurnFinished():
-            return _after_turn_end(state, event.turn_id, at, event.tool_calls)
+            return _after_turn_end(state, event.turn_id, at, event.tool_calls, event)
         case TurnFailed():
             return _after_turn_end(state, event.turn_id, at, tool_calls=False)
         case TurnAbandoned():
@@ -142,8 +145,10 @@ def decide(state: State, event: Event) -> Decision:
             streams = max(link.streams - 1, 0)
             link = DataplaneLink(streams=streams, gone_since=None if streams else at)
             return put(state, dataplanes=state.dataplanes.set(event.dataplane, link)), ()
-        case TurnStarted() | FirstToken():
-            return state, ()
+        case TurnStarted():
+            return _stamp(state, event.turn_id, started_at=at), ()
+        case FirstToken():
+            return _stamp(state, event.turn_id, first_token_at=at), ()
     raise TypeError(f"unknown event {event!r}")
 
 
@@ -208,6 +213,7 @@ def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
         dataplane=ev.dataplane,
         single_pass=ev.single_pass,
         bucket=bucket,
+        prompt_bytes=max(ev.prompt_bytes, 0),
     )
 
 
@@ -278,12 +284,22 @@ def _drain(state: State, buckets: list[Bucket], at: float) -> Decision:
 # --- run phase bookkeeping (see `lifecycle`) -------------------------------------------------
 
 
-def _after_turn_end(state: State, turn_id: str, at: float, tool_calls: bool) -> Decision:
+def _after_turn_end(
+    state: State, turn_id: str, at: float, tool_calls: bool, usage: TurnFinished | None = None
+) -> Decision:
     turn = state.turns.get(turn_id)
     if turn is None:
         return state, ()
-    state, moved = lifecycle.end_turn(state, turn, at, tool_calls)
+    state, moved = lifecycle.end_turn(state, turn, at, tool_calls, usage)
     return _drain(state, [*queues.buckets_for_replica(state, turn.replica), *moved], at)
+
+
+def _stamp(state: State, turn_id: str, **times: float) -> State:
+    """Note when a placed turn's engine request started or sent its first token."""
+    turn = state.turns.get(turn_id)
+    if turn is None or turn.single_pass:
+        return state
+    return put(state, turns=state.turns.set(turn_id, evolve(turn, **times)))
 
 
 # --- probes, time --------------------------------------------------------------------------
@@ -293,13 +309,22 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
     replica = state.replicas.get(ev.replica_id)
     if replica is None:
         return state, ()
-    cap = next_cap(replica, ev.running, ev.waiting)
-    if (replica.healthy, replica.engine_running, replica.engine_waiting, replica.cap) == (
-        ev.healthy,
-        ev.running,
-        ev.waiting,
-        cap,
-    ):
+    pool = replica.kv_config or ev.kv_total or replica.kv_tokens
+    kv_used = ev.kv_used
+    seen = evolve(replica, kv_tokens=pool) if pool != replica.kv_tokens else replica
+    waiting = ev.waiting or 0
+    # A queue with the KV full marks the engine KV-bound; a queue without it, slot-bound.
+    kv_bound = kv_full(seen, kv_used) if waiting > 0 else replica.kv_bound
+    cap = next_cap(replica, ev.running, ev.waiting, kv_bound=waiting > 0 and kv_bound)
+    if (
+        replica.healthy,
+        replica.engine_running,
+        replica.engine_waiting,
+        replica.cap,
+        replica.kv_tokens,
+        replica.kv_used,
+        replica.kv_bound,
+    ) == (ev.healthy, ev.running, ev.waiting, cap, pool, kv_used, kv_bound):
         return state, ()
     updated = evolve(
         replica,
@@ -308,8 +333,13 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
         engine_waiting=ev.waiting,
         cap=cap,
         capacity=limit_of(cap, replica.slots),
+        kv_tokens=pool,
+        kv_used=kv_used,
+        kv_bound=kv_bound,
     )
     state = set_replica(state, updated)
+    if pool != replica.kv_tokens:
+        state = residency.refresh(state, replica.id)
     return _drain(state, queues.buckets_for_replica(state, replica.id), ev.at)
 
 
@@ -330,9 +360,19 @@ def _tick(state: State, at: float) -> Decision:
             state, moved = lifecycle.forget_run(state, rid)
             dirty += moved
             actions.append(RunExpired(run_id=rid))
-        else:
-            since = run.last_active if run.turns_in_flight == 0 else at
-            state = expiry.schedule_run_check(state, run, since + RUN_IDLE_EXPIRY_S)
+            continue
+        back = rid in state.held_by_run  # its turn waits: `holds` bounds that wait
+        if run.resident and not run.turns_in_flight and not back and at >= run.resident_until:
+            state, run = residency.leave(state, run)  # not back in time: its KV is free
+            state, moved = queues.rebucket_run(state, rid)
+            dirty += [*moved, *queues.buckets_for_replica(state, run.replica)]
+        since = run.last_active if run.turns_in_flight == 0 else at
+        due_at = since + RUN_IDLE_EXPIRY_S
+        if run.resident and not run.turns_in_flight:
+            due_at = min(due_at, run.resident_until)
+        state = expiry.schedule_run_check(state, run, due_at)
+    state, freed = holds.release_waits(state, at)
+    dirty += freed
     for dataplane, link in list(state.dataplanes.items()):
         if link.gone_since is not None and at - link.gone_since >= state.dataplane_grace_s:
             state, released, moved = _release_dataplane(state, dataplane, at)

@@ -8,8 +8,9 @@ may fit because of the change; `decide` drains them.
 
 from __future__ import annotations
 
-from luftpause.scheduler.core import expiry, queues, slots
-from luftpause.scheduler.core.events import RunTaken
+from luftpause.scheduler.core import expiry, queues, residency, slots
+from luftpause.scheduler.core.events import RunTaken, TurnFinished
+from luftpause.scheduler.core.learned import Comeback
 from luftpause.scheduler.core.model import (
     RUN_IDLE_EXPIRY_S,
     Bucket,
@@ -48,7 +49,10 @@ def unpause(state: State, run_id: str) -> State:
     return bump_paused(state, run.replica, -1)
 
 
-def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[State, list[Bucket]]:
+def end_turn(
+    state: State, turn: Turn, at: float, tool_calls: bool, usage: TurnFinished | None = None
+) -> tuple[State, list[Bucket]]:
+    """`turn` ended (`usage` when it finished with a reply, None when it failed or was lost)."""
     state = expiry.unorder_turn(put(state, turns=state.turns.delete(turn.id)), turn.order)
     replica = state.replicas.get(turn.replica)
     if replica is not None:
@@ -60,6 +64,10 @@ def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[Sta
         )
         if turn.slot >= 0:
             updated.__dict__["busy_slots"] = replica.busy_slots - {turn.slot}  # our own copy
+        if usage is not None and 0 <= turn.started_at <= turn.first_token_at:
+            uncached = max(usage.prompt_tokens - usage.cached_tokens, 0)
+            ttft = turn.first_token_at - turn.started_at
+            updated.__dict__["prefill"] = replica.prefill.add(uncached, ttft)  # our own copy
         state = set_replica(state, updated)
     if turn.single_pass:
         return state, []
@@ -76,18 +84,74 @@ def end_turn(state: State, turn: Turn, at: float, tool_calls: bool) -> tuple[Sta
     run = state.runs.get(turn.run_id)
     if run is None:
         return state, []
+    if usage is not None and usage.prompt_tokens > 0:
+        state, run = _learn(state, run, turn, usage)
     left = max(run.turns_in_flight - 1, 0)
     if left:
         return put(state, runs=state.runs.set(run.id, evolve(run, turns_in_flight=left))), []
     if run.ended:
+        state, run = residency.leave(state, run)
         return queues.rebucket_run(put(state, runs=state.runs.delete(run.id)), run.id)
+    if run.resident and run.replica != turn.replica:  # its latest turn went elsewhere
+        state, run = residency.leave(state, run)
     phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
     ended = evolve(run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica)
     state = put(state, runs=state.runs.set(run.id, ended))
     if holds_headroom(ended):
         state = bump_paused(state, ended.replica, 1)
-    state = expiry.schedule_run_check(state, ended, at + RUN_IDLE_EXPIRY_S)
+    state, ended = _stay(state, ended, at, tool_calls, counted=usage is not None)
+    due = at + RUN_IDLE_EXPIRY_S
+    if ended.resident:
+        due = min(due, ended.resident_until)
+    state = expiry.schedule_run_check(state, ended, due)
     return queues.rebucket_run(state, run.id)
+
+
+def _learn(state: State, run: Run, turn: Turn, usage: TurnFinished) -> tuple[State, Run]:
+    """Take a finished turn's usage into the run's context and the learned sizes."""
+    sizes = state.sizes.turn(
+        prompt_bytes=turn.prompt_bytes,
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+    )
+    if run.rounds and run.context_tokens:
+        sizes = sizes.growth(usage.prompt_tokens - run.context_tokens)
+    run = evolve(
+        run,
+        context_tokens=usage.prompt_tokens + usage.completion_tokens,
+        shared_tokens=run.shared_tokens if run.rounds else usage.cached_tokens,
+        rounds=run.rounds + 1,
+    )
+    before = residency.new_run_tokens(state)
+    state = put(state, sizes=sizes, runs=state.runs.set(run.id, run))
+    if run.rounds == 1:
+        state = put(state, sizes=sizes.new_run(residency.footprint(state, run)))
+    if residency.new_run_tokens(state) != before:
+        state = residency.refresh_all(state)
+    return state, run
+
+
+def _stay(
+    state: State, run: Run, at: float, tool_calls: bool, *, counted: bool
+) -> tuple[State, Run]:
+    """After its turn ended, keep `run` resident for as long as runs like it come back."""
+    key = (run.service_class, tool_calls)
+    comeback = state.comebacks.get(key, Comeback())
+    if counted:
+        comeback = comeback.ended()
+        state = put(state, comebacks=state.comebacks.set(key, comeback))
+    window = comeback.window(tool_calls=tool_calls)
+    if window <= 0:
+        return residency.leave(state, run)
+    tokens = residency.footprint(state, run) if run.context_tokens else run.footprint
+    return residency.set_footprint(state, run, tokens, until=at + window)
+
+
+def _came_back(state: State, run: Run, at: float) -> State:
+    """`run`, which had ended a turn, sent its next one: learn how runs like it come back."""
+    key = (run.service_class, run.phase is Phase.TOOL_PAUSED)
+    comeback = state.comebacks.get(key, Comeback()).returned(at - run.last_active)
+    return put(state, comebacks=state.comebacks.set(key, comeback))
 
 
 def forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
@@ -98,6 +162,9 @@ def forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
     if run.turns_in_flight:
         return put(state, runs=state.runs.set(run_id, evolve(run, ended=True))), []
     freed = queues.buckets_for_replica(state, run.replica) if holds_headroom(run) else []
+    if run.resident:
+        freed += queues.buckets_for_replica(state, run.replica)  # its KV is free for new runs
+        state, run = residency.leave(state, run)
     state = unpause(state, run_id)
     state = put(state, runs=state.runs.delete(run_id))
     state, moved = queues.rebucket_run(state, run_id)
@@ -131,6 +198,7 @@ def start_turn(
         slot=-1 if slot is None else slot,
         save_to=save,
         restore_from=restore,
+        prompt_bytes=held.prompt_bytes,
     )
     updated = evolve(
         replica,
@@ -154,6 +222,11 @@ def start_turn(
         else []
     )
     state = unpause(state, held.run_id)
+    if old is not None and old.resident and old.replica != replica.id:
+        freed += queues.buckets_for_replica(state, old.replica)  # its KV there is free now
+        state, old = residency.leave(state, old)
+    if old is not None and not old.turns_in_flight and old.rounds:
+        state = _came_back(state, old, held.arrived_at)
     if old is None:
         run = Run(
             id=held.run_id,
@@ -183,6 +256,13 @@ def start_turn(
         runs=state.runs.set(run.id, run),
         caller_in_flight=callers.set(held.caller, callers.get(held.caller, 0) + 1),
     )
+    if not run.resident:
+        tokens = (
+            residency.footprint(state, run)
+            if run.context_tokens
+            else residency.first_footprint(state, held.prompt_bytes)
+        )
+        state, run = residency.set_footprint(state, run, tokens)
     state, moved = queues.rebucket_run(state, run.id)
     taken: tuple[RunTaken, ...] = ()
     if old is not None and old.dataplane and held.dataplane and old.dataplane != held.dataplane:

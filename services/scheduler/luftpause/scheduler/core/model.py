@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import immutables
 
 from luftpause.common.config import EndpointKind, Priorities
+from luftpause.scheduler.core.learned import Comeback, PrefillFit, Sizes
 
 TURN_TIMEOUT_S = 600.0
 """A placed turn whose end is never reported is dropped after this (dataplane died mid-turn)."""
@@ -35,13 +36,28 @@ RUN_IDLE_EXPIRY_S = 1800.0
 DATAPLANE_GRACE_S = 30.0
 """Default time a dataplane's event streams may be gone before its turns in flight are freed."""
 
+KV_FULL = 0.9
+"""An engine that queues while its requests hold this share of its KV pool is bound by its KV,
+not by a batch limit: its queue does not cap the turns placed there (see `next_cap`)."""
+
+KV_MARGIN_BATCH = 0.9
+"""A new batch run goes to a replica only while the runs resident there, and it, fit in this
+share of the replica's KV pool; a new interactive run may fill the pool (see `residency`)."""
+
+NEW_RUN_MAX_HOLD_S = 60.0
+"""A new run held this long by the KV rule goes to any replica with room: nothing starves."""
+
 Bucket = tuple[str, str, str]
-"""Where a held turn may go: ("r", replica, model) when pinned, else ("m", "", model)."""
+"""Where a held turn may go: ("r", replica, model) for a run pinned or resident there;
+("m", "", model) for a new run (or one free to move), which the KV rule may hold; ("o", "",
+model) for one the KV rule held past NEW_RUN_MAX_HOLD_S; ("s", "", model) single-pass."""
 
 Chain = tuple[Any, ...] | None
 """A persistent cons list: (head..., rest) or None."""
 
 _R = TypeVar("_R")
+_NO_FIT = PrefillFit()
+_NO_SIZES = Sizes()
 
 
 def draft(state: State) -> State:
@@ -80,7 +96,15 @@ class Phase(StrEnum):
     TOOL_PAUSED = "tool_paused"
 
 
-def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int | None:
+def kv_full(replica: Replica, kv_used: int | None) -> bool:
+    """Whether requests in `replica`'s batch hold (nearly) all of its KV pool."""
+    pool = replica.kv_tokens
+    return pool is not None and kv_used is not None and kv_used >= KV_FULL * pool
+
+
+def next_cap(
+    replica: Replica, running: int | None, waiting: int | None, *, kv_bound: bool = False
+) -> int | None:
     """`replica`'s turn cap after a probe saw its engine run `running` and queue `waiting`.
 
     Uncapped while the engine reports no queue (or no load at all). Once it queues, the cap
@@ -93,10 +117,17 @@ def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int 
     Without the hysteresis a capped engine shows an empty queue (the cap keeps it empty), the
     cap lifts, every held turn floods the engine at once, and a continuation waits behind all
     of them until the next probe.
+
+    A queue that comes with the engine's KV pool full (`kv_bound`) says nothing about how many
+    turns the engine can batch: it batches up to its KV, and what fits there depends on the
+    turns' lengths, not their number. Such a queue never lowers the cap (and never sets one);
+    the KV rule for new runs (`residency`) keeps a KV-bound engine's working set in its pool.
     """
     cap = replica.cap
     if waiting is None:
         return None
+    if waiting > 0 and kv_bound:
+        return cap if cap is None else max(cap, running or 0)
     if cap is None:
         return max(running or 0, 1) if waiting > 0 else None
     if waiting > 0:
@@ -158,6 +189,22 @@ class Replica:
     # Turns it takes at once: the cap, and never more than its slots (`limit_of`); a field,
     # not a property, because the placement rules read it several times per event.
     capacity: int | None = None
+    # Its engine's KV pool in tokens (endpoint `kv_tokens`, else the engine's metrics; None when
+    # unknown) and the tokens its batch held at the last probe.
+    kv_tokens: int | None = None
+    kv_used: int | None = None
+    # The endpoint file's `kv_tokens` (0: take the engine's figure).
+    kv_config: int = 0
+    # Its engine last queued with its KV full: its queue sets no turn cap (see `next_cap`).
+    kv_bound: bool = False
+    # Σ of the footprints of the runs resident here (derived; see `residency`), and whether a
+    # new run of each class fits beside them (derived from it, the pool and the learned size
+    # of a new run).
+    resident_tokens: int = 0
+    new_batch_fits: bool = True
+    new_interactive_fits: bool = True
+    # Time to first token against uncached prompt tokens: what reading context costs here.
+    prefill: PrefillFit = _NO_FIT
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -169,6 +216,14 @@ class Replica:
             raise ValueError(f"replica {self.id}: saves need slots")
         if self.capacity != limit_of(self.cap, self.slots):
             raise ValueError(f"replica {self.id}: capacity must follow cap and slots")
+        if self.resident_tokens < 0 or (self.kv_tokens is not None and self.kv_tokens < 1):
+            raise ValueError(f"replica {self.id}: negative KV figures")
+
+    def new_fits(self, service_class: ServiceClass) -> bool:
+        """Whether the KV rule lets a new run of `service_class` start here now."""
+        if service_class is ServiceClass.BATCH:
+            return self.new_batch_fits
+        return self.new_interactive_fits
 
     @property
     def preemptive(self) -> bool:
@@ -201,16 +256,33 @@ class Run:
     dataplane: str = ""
     # The second at which its idle expiry is next checked; -1 when none is pending.
     check_at: int = -1
+    # Its context after its last finished turn (prompt + completion tokens; 0 before one), the
+    # part of it its first turn found cached (a preamble other runs share), and the turns it
+    # finished.
+    context_tokens: int = 0
+    shared_tokens: int = 0
+    rounds: int = 0
+    # The tokens it counts in its replica's `resident_tokens`; 0 when it is not resident there.
+    footprint: int = 0
+    # Until when an idle or paused run stays resident (expected back); see `residency`.
+    resident_until: float = 0.0
 
     def __post_init__(self) -> None:
         _check_id("run id", self.id)
         if self.turns_in_flight < 0:
             raise ValueError(f"run {self.id}: negative turns in flight")
+        if min(self.context_tokens, self.shared_tokens, self.footprint, self.rounds) < 0:
+            raise ValueError(f"run {self.id}: negative token counts")
 
     @property
     def pinned(self) -> bool:
         """Generating or paused on a tool: its next turn must go to its replica."""
         return bool(self.replica) and self.phase is not Phase.IDLE
+
+    @property
+    def resident(self) -> bool:
+        """Counted in its replica's working set: its next turn waits for that replica."""
+        return self.footprint > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -234,6 +306,11 @@ class Turn:
     # the one its run's context is restored from; -1 for none.
     save_to: int = -1
     restore_from: int = -1
+    # The request body's size (for the learned bytes per prompt token), and when its engine
+    # request started (TurnStarted; -1 before).
+    prompt_bytes: int = 0
+    started_at: float = -1.0
+    first_token_at: float = -1.0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
@@ -254,6 +331,9 @@ class HeldTurn:
     dataplane: str = ""
     single_pass: bool = False
     bucket: Bucket = ("m", "", "")
+    prompt_bytes: int = 0
+    # Held by the KV rule past NEW_RUN_MAX_HOLD_S: it goes to any replica with room.
+    overdue: bool = False
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
@@ -306,3 +386,7 @@ class State:
     # Bumped whenever the set of open replicas (`placement.is_open`) may have changed; the shell
     # publishes the new set to the dataplanes when it sees a new value.
     open_version: int = 0
+    # Learned from reported turns (see `learned`): token sizes over the pool, and per (class,
+    # ended with tool calls) how runs come back.
+    sizes: Sizes = _NO_SIZES
+    comebacks: immutables.Map[tuple[ServiceClass, bool], Comeback] = _EMPTY

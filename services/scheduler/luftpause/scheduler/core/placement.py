@@ -29,7 +29,15 @@ from __future__ import annotations
 import immutables
 
 from luftpause.common.config import EndpointKind
-from luftpause.scheduler.core.model import Bucket, HeldTurn, Replica, ServiceClass, State, put
+from luftpause.scheduler.core.model import (
+    Bucket,
+    HeldTurn,
+    Replica,
+    Run,
+    ServiceClass,
+    State,
+    put,
+)
 
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
@@ -51,7 +59,13 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
 
 def is_open(replica: Replica) -> bool:
     """Every turn fits on `replica` now: a dataplane may place turns there itself."""
-    return replica.healthy and replica.capacity is None and replica.kind is EndpointKind.GENERATIVE
+    return (
+        replica.healthy
+        and replica.capacity is None
+        and replica.kind is EndpointKind.GENERATIVE
+        and replica.new_batch_fits
+        and replica.new_interactive_fits
+    )
 
 
 def open_replicas(state: State) -> tuple[Replica, ...]:
@@ -59,25 +73,43 @@ def open_replicas(state: State) -> tuple[Replica, ...]:
     return tuple(sorted((r for r in state.replicas.values() if is_open(r)), key=lambda r: r.id))
 
 
-def _fits(replica: Replica, service_class: ServiceClass) -> bool:
-    return replica.healthy and has_room(replica, service_class)
+def _room_flags(replica: Replica) -> tuple[bool, ...]:
+    """Per room counter kind and class (see `_ROOM_KINDS`), whether `replica` counts there."""
+    if not replica.healthy:
+        return (False,) * 4
+    room = [has_room(replica, cls) for cls in _CLASSES]
+    if replica.kind is EndpointKind.SINGLE_PASS:
+        return (*room, False, False)
+    return (
+        room[0] and replica.new_interactive_fits,
+        room[1] and replica.new_batch_fits,
+        *room,
+    )
 
 
-def _prefix(replica: Replica) -> str:
-    return "s" if replica.kind is EndpointKind.SINGLE_PASS else "m"
+def _room_keys(replica: Replica) -> tuple[tuple[str, ServiceClass], ...]:
+    """The (kind, class) of each flag `_room_flags` returns."""
+    if replica.kind is EndpointKind.SINGLE_PASS:
+        return (("s", _CLASSES[0]), ("s", _CLASSES[1]), ("", _CLASSES[0]), ("", _CLASSES[1]))
+    return (("m", _CLASSES[0]), ("m", _CLASSES[1]), ("o", _CLASSES[0]), ("o", _CLASSES[1]))
 
 
 def set_replica(state: State, new: Replica) -> State:
-    """Store a changed replica, keeping the per-model room counters in step with it."""
+    """Store a changed replica, keeping the per-model room counters in step with it.
+
+    Room counters, per (kind, model, class), count the healthy replicas serving the model with
+    room for a turn of the class: "m" those where a new run may also start (the KV rule, see
+    `residency`), "o" all of them (turns the KV rule has held long enough), "s" single-pass.
+    """
     old = state.replicas[new.id]
+    before, after = _room_flags(old), _room_flags(new)
     room = state.room
-    for cls in _CLASSES:
-        delta = _fits(new, cls) - _fits(old, cls)
-        if delta:
-            prefix = _prefix(new)
-            for model in new.models:
-                key = (prefix, model, cls)
-                room = room.set(key, room.get(key, 0) + delta)
+    if before != after:
+        for (kind, cls), was, now in zip(_room_keys(new), before, after, strict=True):
+            if was != now and kind:
+                for model in new.models:
+                    key = (kind, model, cls)
+                    room = room.set(key, room.get(key, 0) + (1 if now else -1))
     version = state.open_version + (is_open(new) != is_open(old))
     return put(state, replicas=state.replicas.set(new.id, new), room=room, open_version=version)
 
@@ -86,10 +118,10 @@ def count_room(state: State) -> State:
     """All room counters recomputed from the replicas (initial state, resync)."""
     room: dict[tuple[str, str, ServiceClass], int] = {}
     for replica in state.replicas.values():
-        for cls in _CLASSES:
-            if _fits(replica, cls):
+        for (kind, cls), fits in zip(_room_keys(replica), _room_flags(replica), strict=True):
+            if fits and kind:
                 for model in replica.models:
-                    key = (_prefix(replica), model, cls)
+                    key = (kind, model, cls)
                     room[key] = room.get(key, 0) + 1
     return put(state, room=immutables.Map(room), open_version=state.open_version + 1)
 
@@ -105,27 +137,38 @@ def bucket_fits(state: State, bucket: Bucket, cls: ServiceClass) -> bool:
     return state.room.get((kind, model, cls), 0) > 0
 
 
+def waits_for_home(state: State, run: Run) -> bool:
+    """`run`'s next turn goes only to its replica: pinned there, or resident (its prefix)."""
+    return state.affinity and bool(run.replica) and (run.pinned or run.resident)
+
+
 def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
     """The replica `turn` goes to now, or None if it must keep waiting."""
     by_model = state.single_pass_by_model if turn.single_pass else state.generative_by_model
     ids = by_model.get(turn.model, ())
     run = None if turn.single_pass else state.runs.get(turn.run_id)
+    cls = turn.service_class
+    # The KV rule holds new runs (and runs resident nowhere) until the held time runs out.
+    kv_rule = not turn.single_pass and not turn.overdue
     if run is not None and run.replica:
         home = state.replicas.get(run.replica)
         if home is not None and home.healthy and run.replica in ids:
-            if has_room(home, turn.service_class):
-                return home  # pinned, or idle and its prefix may still be cached there
-            if run.pinned and state.affinity:
+            stays = waits_for_home(state, run)
+            if has_room(home, cls) and (stays or not kv_rule or home.new_fits(cls)):
+                return home  # pinned or resident, or idle and its prefix may still be cached
+            if stays:
                 return None
-    if not state.room.get(("s" if turn.single_pass else "m", turn.model, turn.service_class)):
-        return None  # no healthy replica of the model has room for the class
+    kind = "s" if turn.single_pass else ("m" if kv_rule else "o")
+    if not state.room.get((kind, turn.model, cls)):
+        return None  # no healthy replica of the model has room for the turn
     best: Replica | None = None
     best_key = (0.0, 0, "")
     replicas = state.replicas
-    cls = turn.service_class
     for rid in ids:
         replica = replicas[rid]
         if not replica.healthy or not has_room(replica, cls):
+            continue
+        if kv_rule and not replica.new_fits(cls):
             continue
         cap = replica.capacity
         key = (replica.in_flight / cap if cap else 0.0, replica.in_flight, rid)

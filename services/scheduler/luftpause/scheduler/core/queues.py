@@ -24,20 +24,25 @@ from luftpause.scheduler.core.model import (
     evolve,
     put,
 )
+from luftpause.scheduler.core.placement import waits_for_home
 
 _NONE: immutables.Map[str, tuple[int, str]] = immutables.Map()
 QueueKey = tuple[Bucket, ServiceClass, str]
 
 
-def bucket_of(state: State, run_id: str, model: str, single_pass: bool) -> Bucket:
-    """Where a held turn of `run_id` may go: its pinned replica's bucket, or its model's."""
-    if not single_pass:
-        run = state.runs.get(run_id)
-        if run is not None and run.pinned and state.affinity:
-            replica = state.replicas.get(run.replica)
-            if replica is not None and model in replica.models:
-                return ("r", run.replica, model)
-    return ("s" if single_pass else "m", "", model)
+def bucket_of(
+    state: State, run_id: str, model: str, single_pass: bool, overdue: bool = False
+) -> Bucket:
+    """Where a held turn of `run_id` may go: the bucket of the replica its run is pinned or
+    resident on, else its model's (that of turns the KV rule held too long, if `overdue`)."""
+    if single_pass:
+        return ("s", "", model)
+    run = state.runs.get(run_id)
+    if run is not None and waits_for_home(state, run):
+        replica = state.replicas.get(run.replica)
+        if replica is not None and model in replica.models:
+            return ("r", run.replica, model)
+    return ("o" if overdue else "m", "", model)
 
 
 def buckets_for_replica(state: State, replica_id: str) -> list[Bucket]:
@@ -49,7 +54,7 @@ def buckets_for_replica(state: State, replica_id: str) -> list[Bucket]:
         return [("s", "", model) for model in replica.models]
     out: list[Bucket] = []
     for model in replica.models:
-        out += [("r", replica_id, model), ("m", "", model)]
+        out += [("r", replica_id, model), ("m", "", model), ("o", "", model)]
         for rid in state.generative_by_model.get(model, ()):
             if rid != replica_id and not state.replicas[rid].healthy:
                 out.append(("r", rid, model))  # its pinned runs are free to move here
@@ -93,7 +98,7 @@ def rebucket_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
     moved: list[Bucket] = []
     for tid in state.held_by_run.get(run_id, ()):
         old = state.held[tid]
-        bucket = bucket_of(state, run_id, old.model, old.single_pass)
+        bucket = bucket_of(state, run_id, old.model, old.single_pass, old.overdue)
         if bucket != old.bucket:
             new = evolve(old, bucket=bucket)
             state = _unhead(put(state, held=state.held.set(tid, new)), old)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import immutables
 
-from luftpause.scheduler.core import expiry, queues
+from luftpause.scheduler.core import expiry, queues, residency
 from luftpause.scheduler.core.events import Resync
 from luftpause.scheduler.core.model import (
     RUN_IDLE_EXPIRY_S,
@@ -47,14 +47,23 @@ def resync(state: State, ev: Resync) -> State:
             )
     runs = dict(state.runs.items())
     for rs in ev.runs:
+        replica = rs.replica if rs.replica in state.replicas else ""
+        was = state.runs.get(rs.run_id)
+        # What this scheduler learned of the run's context stays while it stays where it was.
+        kept = was if was is not None and was.replica == replica else Run(id=rs.run_id)
         runs[rs.run_id] = Run(
             id=rs.run_id,
-            replica=rs.replica if rs.replica in state.replicas else "",
+            replica=replica,
             phase=rs.phase,
             service_class=rs.service_class,
             caller=rs.caller,
             last_active=ev.at - rs.idle_seconds,
             dataplane=ev.dataplane,
+            context_tokens=kept.context_tokens,
+            shared_tokens=kept.shared_tokens,
+            rounds=kept.rounds,
+            footprint=kept.footprint if replica else 0,
+            resident_until=kept.resident_until,
         )
     held = {tid: h for tid, h in state.held.items() if tid not in turns}
     link = state.dataplanes.get(ev.dataplane, DataplaneLink())
@@ -128,11 +137,14 @@ def _rebuild(
         heads=immutables.Map(),
         held_by_run=immutables.Map(),
     )
-    state = count_room(state)
+    state = residency.rebuild(count_room(state))
     for run in runs.values():
         since = run.last_active if run.turns_in_flight == 0 else at
-        state = expiry.schedule_run_check(state, state.runs[run.id], since + RUN_IDLE_EXPIRY_S)
+        due = since + RUN_IDLE_EXPIRY_S
+        if run.resident and not run.turns_in_flight:
+            due = min(due, run.resident_until)
+        state = expiry.schedule_run_check(state, state.runs[run.id], due)
     for h in sorted(held.values(), key=lambda h: h.seq):
-        bucket = queues.bucket_of(state, h.run_id, h.model, h.single_pass)
+        bucket = queues.bucket_of(state, h.run_id, h.model, h.single_pass, h.overdue)
         state = queues.add(state, evolve(h, bucket=bucket))
     return state

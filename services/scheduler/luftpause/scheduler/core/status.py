@@ -14,6 +14,10 @@ from luftpause.scheduler.core.placement import is_open
 
 def status_view(state: State, now: float) -> dict[str, Any]:
     """Replicas with load against capacity, held turns by class and caller, runs by phase."""
+    resident: dict[str, int] = {}
+    for run in state.runs.values():
+        if run.footprint:
+            resident[run.replica] = resident.get(run.replica, 0) + 1
     replicas = [
         {
             "id": r.id,
@@ -30,6 +34,19 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "paused_interactive": r.paused_interactive,
             "preemptive": r.preemptive,
             "open": is_open(r),
+            # The engine's KV pool against the working set of the runs resident there.
+            "kv": {
+                "tokens": r.kv_tokens,
+                "used": r.kv_used,
+                "bound": r.kv_bound,
+                "resident_tokens": r.resident_tokens,
+                "resident_runs": resident.get(r.id, 0),
+                "new_batch_fits": r.new_batch_fits,
+                "new_interactive_fits": r.new_interactive_fits,
+                "prefill_ms_per_token": None
+                if r.prefill.s_per_token is None
+                else round(r.prefill.s_per_token * 1000, 4),
+            },
             # Engine slots the scheduler assigns: the run each holds, and whether one is busy.
             "slots": [
                 {"slot": i, "run": run or None, "busy": i in r.busy_slots}
@@ -60,8 +77,20 @@ def status_view(state: State, now: float) -> dict[str, Any]:
     runs: dict[str, dict[str, int]] = {str(p): {str(c): 0 for c in ServiceClass} for p in Phase}
     for run in state.runs.values():
         runs[str(run.phase)][str(run.service_class)] += 1
+    sizes = state.sizes
     return {
         "replicas": replicas,
+        # What the scheduler learned from reported usage (see `core.learned`).
+        "learned": {
+            "tokens_per_byte": round(sizes.tokens_per_byte, 4),
+            "reply_tokens": round(sizes.reply_tokens, 1),
+            "growth_tokens": round(sizes.growth_tokens, 1),
+            "new_run_tokens": round(sizes.new_run_tokens, 1),
+            "residency_s": {
+                f"{cls}/{'tool' if tool else 'idle'}": round(c.window(tool_calls=tool), 3)
+                for (cls, tool), c in sorted(state.comebacks.items())
+            },
+        },
         "held": held,
         "held_total": len(state.held),
         "runs": runs,

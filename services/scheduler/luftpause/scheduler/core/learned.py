@@ -1,0 +1,148 @@
+"""What the scheduler learns from reported turns: sizes, speeds and how runs come back.
+
+Pure module: frozen values and functions that return updated ones; no I/O, no clock. Every
+figure is a running mean that weights recent turns more (an exponential moving average with
+weight ALPHA), so it follows a workload that changes:
+
+- `Sizes`: prompt tokens per request byte (to size a new run's first turn from its body before
+  any usage is reported), completion tokens per turn, what a run's next prompt adds to its
+  context between turns (a tool result, a user message), and a new run's first footprint;
+- `Comeback`, per service class and way a turn ended (with tool calls or without): how often the
+  run's next turn comes, and how long after. A run whose turns mostly come back is kept
+  resident for a few of those gaps (`window`); one that rarely comes back is not kept at all;
+- `PrefillFit`, per replica: a least-squares line of time to first token against uncached
+  prompt tokens, whose slope is what reading one token of context costs there (the price of
+  moving a run away from its cached prefix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+ALPHA = 0.1
+"""Weight of the newest sample in a running mean."""
+
+COMES_BACK = 0.25
+"""A way of ending after which fewer runs than this come back keeps no run resident."""
+
+WINDOW_GAPS = 3.0
+"""A run that is expected back stays resident for this many of its class's mean gaps."""
+
+WINDOW_MIN_S = 1.0
+WINDOW_MAX_S = 600.0
+TOOL_WINDOW_DEFAULT_S = 60.0
+"""Residency of a run paused on a tool before any run of its class has come back from one."""
+
+_MIN_SAMPLES = 3.0
+
+
+def ewma(mean: float, sample: float, seen: float) -> float:
+    """`mean` moved towards `sample`; the first sample (`seen` == 0) is taken as it is."""
+    return sample if seen <= 0 else mean + ALPHA * (sample - mean)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sizes:
+    """Token sizes learned from usage, over all runs of the pool."""
+
+    tokens_per_byte: float = 0.25
+    reply_tokens: float = 0.0
+    growth_tokens: float = 0.0
+    new_run_tokens: float = 0.0
+    turns_seen: float = 0.0
+    returns_seen: float = 0.0
+    new_runs_seen: float = 0.0
+
+    def turn(self, *, prompt_bytes: int, prompt_tokens: int, completion_tokens: int) -> Sizes:
+        """A finished turn's usage."""
+        per_byte = self.tokens_per_byte
+        if prompt_bytes > 0 and prompt_tokens > 0:
+            per_byte = ewma(per_byte, prompt_tokens / prompt_bytes, self.turns_seen)
+        return replace(
+            self,
+            tokens_per_byte=per_byte,
+            reply_tokens=ewma(self.reply_tokens, completion_tokens, self.turns_seen),
+            turns_seen=self.turns_seen + 1,
+        )
+
+    def growth(self, added: int) -> Sizes:
+        """A run came back with `added` tokens more than its context had."""
+        return replace(
+            self,
+            growth_tokens=ewma(self.growth_tokens, max(added, 0), self.returns_seen),
+            returns_seen=self.returns_seen + 1,
+        )
+
+    def new_run(self, footprint: int) -> Sizes:
+        """A new run's first turn ended with this footprint."""
+        return replace(
+            self,
+            new_run_tokens=ewma(self.new_run_tokens, footprint, self.new_runs_seen),
+            new_runs_seen=self.new_runs_seen + 1,
+        )
+
+    def prompt_estimate(self, prompt_bytes: int) -> int:
+        """Prompt tokens of a request of `prompt_bytes` bytes."""
+        return round(prompt_bytes * self.tokens_per_byte)
+
+    @property
+    def next_round(self) -> int:
+        """What a resident run is expected to add before and in its next turn."""
+        return round(self.growth_tokens + self.reply_tokens)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Comeback:
+    """How runs come back after one way of ending a turn."""
+
+    ends: float = 0.0  # turns that ended this way, recent ones weighted more
+    back: float = 0.0  # of those, runs that came back (same weights)
+    gap_s: float = 0.0  # mean time until they did
+
+    def ended(self) -> Comeback:
+        decay = 1.0 - ALPHA
+        return replace(self, ends=self.ends * decay + 1.0, back=self.back * decay)
+
+    def returned(self, gap_s: float) -> Comeback:
+        gap = ewma(self.gap_s, max(gap_s, 0.0), self.back)
+        return replace(self, back=min(self.back + 1.0, self.ends), gap_s=gap)
+
+    def window(self, *, tool_calls: bool) -> float:
+        """How long a run that ended this way stays resident (0: not at all)."""
+        if self.ends < _MIN_SAMPLES or self.back < 1.0:
+            return TOOL_WINDOW_DEFAULT_S if tool_calls else 0.0
+        if self.back / self.ends < COMES_BACK:
+            return 0.0
+        return min(max(WINDOW_GAPS * self.gap_s, WINDOW_MIN_S), WINDOW_MAX_S)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefillFit:
+    """Time to first token against uncached prompt tokens on one replica (running sums)."""
+
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, uncached: int, ttft_s: float) -> PrefillFit:
+        d = 1.0 - ALPHA / 2
+        x, y = float(uncached), max(ttft_s, 0.0)
+        return PrefillFit(
+            n=self.n * d + 1.0,
+            sx=self.sx * d + x,
+            sy=self.sy * d + y,
+            sxx=self.sxx * d + x * x,
+            sxy=self.sxy * d + x * y,
+        )
+
+    @property
+    def s_per_token(self) -> float | None:
+        """The fitted slope (seconds per uncached token); None until the samples spread."""
+        if self.n < _MIN_SAMPLES:
+            return None
+        spread = self.n * self.sxx - self.sx * self.sx
+        if spread <= 1e-9 * max(self.n * self.sxx, 1.0):
+            return None
+        return max((self.n * self.sxy - self.sx * self.sy) / spread, 0.0)

@@ -1,0 +1,230 @@
+"""Residency rules of the decision core: soft affinity for idle runs, and the KV rule.
+
+Pure tests: events in, state and actions out, no event loop.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from luftpause.common.config import Endpoint
+from luftpause.scheduler.core import holds
+from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.events import (
+    Admit,
+    FirstToken,
+    ProbeResult,
+    RunEnded,
+    Tick,
+    TurnFinished,
+    TurnStarted,
+)
+from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, ServiceClass, State
+from tests.scheduler.helpers import MODEL, admit, cap, placed
+
+BATCH = ServiceClass.BATCH
+
+
+def kv_pool(*ids: str, kv: int = 0) -> State:
+    state = initial_state(
+        Endpoint(id=i, url=f"http://{i}:1", models=frozenset({MODEL}), kv_tokens=kv) for i in ids
+    )
+    for i in ids:
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=i, healthy=True))
+    return state
+
+
+def finish(state: State, turn: str, *, at: float, prompt: int = 1000, tools: bool = False) -> State:
+    state, _ = decide(
+        state,
+        TurnFinished(
+            at=at, turn_id=turn, tool_calls=tools, prompt_tokens=prompt, completion_tokens=20
+        ),
+    )
+    return state
+
+
+def learn_runs_come_back(state: State, *, at: float = 1.0) -> State:
+    """Three idle ends of one run, each followed by its next turn 0.5 s later."""
+    for i in range(4):
+        state, _ = admit(state, f"learn{i}", "learner", at=at + i)
+        state = finish(state, f"learn{i}", at=at + i + 0.5, prompt=100)
+    state, _ = decide(state, RunEnded(at=at + 5, run_id="learner"))
+    return state
+
+
+def test_an_idle_run_that_is_expected_back_waits_for_its_replica() -> None:
+    state = learn_runs_come_back(cap(cap(kv_pool("a", "b"), "a", 1), "b", 5))
+    state, actions = admit(state, "t1", "r1", at=10)
+    home = placed(actions)["t1"]
+    state = finish(state, "t1", at=11)
+    assert state.runs["r1"].resident
+    state, _ = admit(state, "t2", "other", at=11.1)
+    if home == "b":
+        for i in range(5):
+            state, _ = admit(state, f"fill{i}", f"fill{i}", at=11.2)
+    state, actions = admit(state, "t3", "r1", at=11.3)
+    assert not placed(actions) and state.held["t3"].bucket == ("r", home, MODEL)
+
+
+def test_an_idle_run_moves_once_it_waited_longer_than_a_reread_would_take() -> None:
+    state = learn_runs_come_back(cap(cap(kv_pool("a", "b"), "a", 1), "b", 5))
+    state, _ = admit(state, "t1", "r1", at=10)
+    state = finish(state, "t1", at=11)
+    state, _ = admit(state, "t2", "other", at=11.1)  # fills a, r1's replica
+    state, actions = admit(state, "t3", "r1", at=11.2)
+    assert not placed(actions)
+    wait = holds.soft_wait_s(state, state.runs["r1"])
+    state, actions = decide(state, Tick(at=11.2 + wait - 0.5))
+    assert not placed(actions)
+    state, actions = decide(state, Tick(at=11.2 + wait + 0.01))
+    assert placed(actions) == {"t3": "b"}
+    assert state.runs["r1"].replica == "b"
+
+
+def test_the_wait_bound_follows_the_learned_cost_of_reading_a_context() -> None:
+    state = kv_pool("a")
+    for i, uncached in enumerate((100, 1100, 2100, 3100)):
+        state, _ = admit(state, f"t{i}", f"r{i}", at=i)
+        state, _ = decide(state, TurnStarted(at=i + 0.1, turn_id=f"t{i}"))
+        state, _ = decide(state, FirstToken(at=i + 0.1 + 0.001 * uncached, turn_id=f"t{i}"))
+        state = finish(state, f"t{i}", at=i + 0.9, prompt=uncached)
+    assert state.replicas["a"].prefill.s_per_token == pytest.approx(0.001)
+    run = state.runs["r3"]
+    reread = 0.001 * (run.context_tokens - run.shared_tokens)
+    assert holds.soft_wait_s(state, run) == pytest.approx(holds.SOFT_WAIT_FACTOR * reread)
+
+
+def test_runs_that_do_not_come_back_after_an_idle_end_are_not_kept() -> None:
+    state = kv_pool("a", "b")
+    for i in range(5):
+        state, _ = admit(state, f"t{i}", f"r{i}", at=i)
+        state = finish(state, f"t{i}", at=i + 0.5)
+        assert not state.runs[f"r{i}"].resident
+    assert state.replicas["a"].resident_tokens == state.replicas["b"].resident_tokens == 0
+
+
+def test_a_run_paused_on_a_tool_is_resident_until_it_is_not_back_in_time() -> None:
+    state = kv_pool("a")
+    state, _ = admit(state, "t1", "r1", at=1)
+    state = finish(state, "t1", at=2, tools=True)
+    run = state.runs["r1"]
+    assert run.resident and state.replicas["a"].resident_tokens == run.footprint
+    state, _ = decide(state, Tick(at=run.resident_until + 1))
+    assert not state.runs["r1"].resident and state.replicas["a"].resident_tokens == 0
+
+
+def test_a_new_batch_run_waits_while_the_resident_runs_fill_the_kv_pool() -> None:
+    state = kv_pool("a", kv=3000)
+    for i in range(2):
+        state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
+        state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
+    assert state.replicas["a"].resident_tokens > 2400
+    state, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    assert not placed(actions) and state.held["t2"].bucket == ("m", "", MODEL)
+    # The resident runs come back at once: the rule never holds them.
+    state, actions = admit(state, "t3", "r0", cls=BATCH, at=3.1)
+    assert placed(actions) == {"t3": "a"}
+    # One of them ends: its KV is free, and the new run starts.
+    state, actions = decide(state, RunEnded(at=3.2, run_id="r1"))
+    assert placed(actions) == {"t2": "a"}
+
+
+def test_a_new_interactive_run_may_fill_the_pool_where_batch_may_not() -> None:
+    state = kv_pool("a", kv=4000)
+    for i in range(2):
+        state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
+        state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
+    resident = state.replicas["a"].resident_tokens
+    new_run = round(state.sizes.new_run_tokens)
+    assert 0.9 * 4000 < resident + new_run <= 4000
+    state, actions = admit(state, "t2", "b-new", cls=BATCH, at=3)
+    assert not placed(actions)
+    state, actions = admit(state, "t3", "i-new", at=3)
+    assert placed(actions) == {"t3": "a"}
+
+
+def test_a_new_run_goes_where_it_fits() -> None:
+    state = kv_pool("a", "b", kv=3000)
+    state, actions = admit(state, "t0", "r0", cls=BATCH, at=1)
+    full = placed(actions)["t0"]
+    state, _ = admit(state, "t1", "r1", cls=BATCH, at=1)
+    state = finish(state, "t0", at=2, prompt=2500, tools=True)
+    state = finish(state, "t1", at=2, prompt=100, tools=True)
+    if state.runs["r1"].replica == full:
+        return  # both on one replica: nothing to choose
+    _, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    assert placed(actions) == {"t2": ({"a", "b"} - {full}).pop()}
+
+
+def test_a_replica_with_nothing_resident_takes_a_run_bigger_than_its_pool() -> None:
+    state = kv_pool("a", kv=500)
+    _, actions = decide(
+        state,
+        Admit(at=1, turn_id="t1", run_id="big", model=MODEL, prompt_bytes=40_000),
+    )
+    assert placed(actions) == {"t1": "a"}
+
+
+def test_a_new_run_held_by_the_kv_rule_goes_anywhere_after_the_longest_hold() -> None:
+    state = kv_pool("a", kv=3000)
+    state, _ = admit(state, "t0", "learner", cls=BATCH, at=0)
+    state = finish(state, "t0", at=0.5, prompt=1000)  # a new run needs about 1000 tokens
+    for i in range(2):  # two long turns in flight: resident, never expiring
+        state, _ = decide(
+            state,
+            Admit(
+                at=1,
+                turn_id=f"long{i}",
+                run_id=f"r{i}",
+                model=MODEL,
+                service_class=BATCH,
+                prompt_bytes=4000,
+            ),
+        )
+    state, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    assert not placed(actions)
+    state, actions = decide(state, Tick(at=3 + NEW_RUN_MAX_HOLD_S - 1))
+    assert not placed(actions)
+    state, actions = decide(state, Tick(at=3 + NEW_RUN_MAX_HOLD_S))
+    assert placed(actions) == {"t2": "a"}
+
+
+def test_a_queue_with_the_kv_full_sets_no_cap_and_one_without_it_does() -> None:
+    state = kv_pool("a")
+    full = ProbeResult(
+        at=1, replica_id="a", healthy=True, running=20, waiting=5, kv_total=1000, kv_used=950
+    )
+    state, _ = decide(state, full)
+    assert state.replicas["a"].cap is None and state.replicas["a"].kv_bound
+    slots = ProbeResult(
+        at=2, replica_id="a", healthy=True, running=8, waiting=5, kv_total=1000, kv_used=300
+    )
+    state, _ = decide(state, slots)
+    assert state.replicas["a"].cap == 8 and not state.replicas["a"].kv_bound
+
+
+def test_the_kv_pool_in_the_endpoint_file_wins_over_the_engines() -> None:
+    state = kv_pool("a", kv=5000)
+    state, _ = decide(
+        state,
+        ProbeResult(at=1, replica_id="a", healthy=True, running=0, waiting=0, kv_total=9000),
+    )
+    assert state.replicas["a"].kv_tokens == 5000
+    state = kv_pool("b")
+    state, _ = decide(
+        state,
+        ProbeResult(at=1, replica_id="b", healthy=True, running=0, waiting=0, kv_total=9000),
+    )
+    assert state.replicas["b"].kv_tokens == 9000
+
+
+def test_a_replica_closed_to_new_runs_is_not_open_to_dataplanes() -> None:
+    from luftpause.scheduler.core.placement import is_open
+
+    state = kv_pool("a", kv=3000)
+    assert is_open(state.replicas["a"])
+    for i in range(2):
+        state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
+        state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
+    assert not is_open(state.replicas["a"])
