@@ -165,6 +165,8 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             callers=4,
             max_tokens=args.max_tokens,
             keep_tools=args.keep_tools,
+            tool_style=args.tool_style,
+            shared_prefix_chars=args.shared_prefix_chars,
             **extra,
         )
         async with engine_load(engines) as load:
@@ -237,6 +239,22 @@ def main() -> None:
     p.add_argument(
         "--tool-seconds", type=float, default=1.0, help="seconds a tool call takes (simulated)"
     )
+    p.add_argument(
+        "--tool-style",
+        choices=("openai", "text"),
+        default="openai",
+        help="tool rounds as OpenAI tool_calls, or as plain messages (a text protocol)",
+    )
+    p.add_argument(
+        "--shared-prefix-chars", type=int, default=0, help="a preamble every run shares"
+    )
+    p.add_argument(
+        "--admission",
+        choices=("reserve", "sglang"),
+        default="reserve",
+        help="simulator admission: whole replies reserved, or SGLang's (a batch up to its KV)",
+    )
+    p.add_argument("--stream-interval", type=int, default=1, help="simulator tokens per chunk")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--engine-priority",

@@ -143,11 +143,11 @@ def test_priority_needs_two_integers_one_per_class(value: Any) -> None:
         config(engine("a", priority=value))
 
 
-def test_kv_tokens_sets_an_engines_kv_pool() -> None:
-    [e] = config(engine("a", kv_tokens=96000)).endpoints
-    assert e.kv_tokens == 96000
+def test_kv_tokens_and_max_running_describe_a_batching_engine() -> None:
+    [e] = config(engine("a", kv_tokens=96000, max_running=48)).endpoints
+    assert (e.kv_tokens, e.max_running) == (96000, 48)
     [plain] = config(engine("b")).endpoints
-    assert plain.kv_tokens == 0
+    assert (plain.kv_tokens, plain.max_running) == (0, 0)
 
 
 @pytest.mark.parametrize(
@@ -156,10 +156,10 @@ def test_kv_tokens_sets_an_engines_kv_pool() -> None:
         ({"kv_tokens": -1}, "kv_tokens"),
         ({"kv_tokens": "96k"}, "kv_tokens"),
         ({"kv_tokens": 1000, "kind": "single-pass"}, "kv_tokens is for generative"),
+        ({"max_running": -2}, "max_running"),
+        ({"max_running": 1.5}, "max_running"),
     ],
 )
-def test_kv_tokens_must_be_a_count_for_a_generative_endpoint(
-    extra: dict[str, Any], match: str
-) -> None:
+def test_kv_tokens_and_max_running_must_be_counts(extra: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config(engine("a", **extra))

@@ -84,7 +84,9 @@ REPLICAS = {"a": {"m1", "m2"}, "b": {"m1"}, "c": {"m2"}}
 PREEMPTIVE = Priorities(interactive=0, batch=100, preemptive=True)
 SLOTS = {"b": 2}  # b's engine slots are the scheduler's to assign
 SAVES = {"b": 2}  # and it keeps two saved contexts on its engine's disk
-KV = {"a": 2000}  # a's KV pool is in the endpoint file; c's engine reports one in its metrics
+# c's KV pool is in the endpoint file: a batching engine, capped only at the most it runs,
+# which its probes report (3); a and b are capped by their queues.
+KV = {"c": 1500}
 RUNS = [f"r{i}" for i in range(8)]
 CALLERS = ["x", "y", "z"]
 DATAPLANES = ["dp1", "dp2"]
@@ -367,7 +369,6 @@ class CoreMachine(RuleBasedStateMachine):
     ) -> None:
         before = self.state.replicas[replica]
         old_cap = before.cap
-        kv_total = 2000 if replica == "c" and waiting is not None else None
         self.step(
             ProbeResult(
                 at=self.now,
@@ -375,23 +376,24 @@ class CoreMachine(RuleBasedStateMachine):
                 healthy=healthy,
                 running=running,
                 waiting=waiting,
-                kv_total=kv_total,
+                kv_total=3000 if replica in KV and waiting is not None else None,
                 kv_used=kv_used if waiting is not None else None,
+                max_running=3 if replica == "c" else None,
             )
         )
         after = self.state.replicas[replica]
         cap = after.cap
         floor = max(running or 0, 1)
-        pool = KV.get(replica) or kv_total or before.kv_tokens
-        assert after.kv_tokens == pool, "the KV pool is the file's, else the engine's last"
-        used = kv_used if waiting is not None else None
-        kv_bound = bool(waiting) and pool is not None and used is not None and used >= 0.9 * pool
-        if waiting:
-            assert kv_bound == after.kv_bound, "a queue classified on stale KV figures"
-        if kv_bound:
-            expected = None if old_cap is None else max(old_cap, running or 0)
-            assert cap == expected, "a queue with the KV full moved the cap"
-        elif waiting is None or (waiting == 0 and (old_cap is None or not running)):
+        if replica in KV:
+            assert after.kv_tokens == KV[replica], "the file's KV pool gave way to the engine's"
+            full = (running or 0) >= 3 or before.in_flight >= 3
+            expected = 3 if waiting is not None and full else None
+            assert cap == expected, "a batching engine capped short of the most it runs"
+            used = kv_used if waiting is not None else None
+            if waiting:
+                assert after.kv_bound == (used is not None and used >= 0.9 * KV[replica])
+            return
+        if waiting is None or (waiting == 0 and (old_cap is None or not running)):
             assert cap is None, "no queue reported, or an idle engine, keeps a cap"
         elif old_cap is None:
             assert cap == floor, "a newly queueing engine is not capped at what it runs"

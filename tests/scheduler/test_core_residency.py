@@ -5,6 +5,8 @@ Pure tests: events in, state and actions out, no event loop.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from luftpause.common.config import Endpoint
@@ -190,18 +192,40 @@ def test_a_new_run_held_by_the_kv_rule_goes_anywhere_after_the_longest_hold() ->
     assert placed(actions) == {"t2": "a"}
 
 
-def test_a_queue_with_the_kv_full_sets_no_cap_and_one_without_it_does() -> None:
+def test_a_batching_engine_is_never_capped_by_its_queue() -> None:
     state = kv_pool("a")
     full = ProbeResult(
         at=1, replica_id="a", healthy=True, running=20, waiting=5, kv_total=1000, kv_used=950
     )
     state, _ = decide(state, full)
     assert state.replicas["a"].cap is None and state.replicas["a"].kv_bound
-    slots = ProbeResult(
+    backlog = ProbeResult(
         at=2, replica_id="a", healthy=True, running=8, waiting=5, kv_total=1000, kv_used=300
     )
-    state, _ = decide(state, slots)
-    assert state.replicas["a"].cap == 8 and not state.replicas["a"].kv_bound
+    state, _ = decide(state, backlog)
+    state, _ = decide(state, backlog)
+    assert state.replicas["a"].cap is None and not state.replicas["a"].kv_bound
+
+
+def test_a_batching_engine_is_capped_at_the_most_it_runs() -> None:
+    state = kv_pool("a")
+    probe = ProbeResult(
+        at=1, replica_id="a", healthy=True, running=2, waiting=0, kv_total=1000, max_running=3
+    )
+    state, _ = decide(state, probe)
+    assert state.replicas["a"].cap is None  # open while it runs fewer than it can
+    for i in range(5):
+        state, _ = admit(state, f"t{i}", f"r{i}", at=2)
+    state, _ = decide(state, probe)
+    assert state.replicas["a"].cap == 3  # our turns reached its most
+    state, _ = decide(state, replace(probe, running=3, waiting=2))
+    assert state.replicas["a"].cap == 3
+
+
+def test_an_engine_without_a_known_pool_is_capped_at_what_it_runs_when_it_queues() -> None:
+    state = kv_pool("a")
+    state, _ = decide(state, ProbeResult(at=1, replica_id="a", healthy=True, running=8, waiting=5))
+    assert state.replicas["a"].cap == 8
 
 
 def test_the_kv_pool_in_the_endpoint_file_wins_over_the_engines() -> None:

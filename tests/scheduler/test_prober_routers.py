@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from luftpause.common.config import Endpoint, parse_config
 from luftpause.scheduler.core.model import Replica
-from luftpause.scheduler.engine_load import Load, sum_loads
+from luftpause.scheduler.engine_load import Load, engine_max_running, sum_loads
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.prober import LoadTarget, Prober, engine_slots, load_targets
 
@@ -61,7 +61,9 @@ def test_plain_replica_reads_its_own_metrics_path_with_its_own_key() -> None:
     (e,) = endpoints(
         {"id": "a", "url": "http://a:1/", "models": ["m"], "metrics": "/m", "api_key_env": "K"}
     )
-    assert load_targets(e, {"a": e}) == (LoadTarget(url="http://a:1/m", api_key_env="K"),)
+    assert load_targets(e, {"a": e}) == (
+        LoadTarget(url="http://a:1/m", api_key_env="K", base="http://a:1"),
+    )
 
 
 def test_replica_without_a_metrics_path_has_no_load_targets() -> None:
@@ -89,9 +91,9 @@ def test_router_reads_urls_at_metrics_and_ids_at_their_own_metrics_path_and_key(
     )
     by_id = {e.id: e for e in eps}
     assert load_targets(by_id["router"], by_id) == (
-        LoadTarget(url="https://gpu-0:8000/prom", api_key_env="GPU_KEY"),
-        LoadTarget(url="http://gpu-1:30001/metrics"),
-        LoadTarget(url="http://gpu-2:30001/sub/metrics"),
+        LoadTarget(url="https://gpu-0:8000/prom", api_key_env="GPU_KEY", base="https://gpu-0:8000"),
+        LoadTarget(url="http://gpu-1:30001/metrics", base="http://gpu-1:30001"),
+        LoadTarget(url="http://gpu-2:30001/sub/metrics", base="http://gpu-2:30001/sub"),
     )
 
 
@@ -321,3 +323,61 @@ async def test_a_slot_count_unlike_the_engines_is_warned_about_once_per_health()
     warned = [e for e in logs if e["event"] == "engine slots differ from the endpoint file"]
     assert props_hits == 2 and len(warned) == 2  # once, and again after it came back
     assert (warned[0]["configured"], warned[0]["engine"]) == (4, 2)
+
+
+# --- the most requests a batching engine runs (SGLang /server_info) --------------------------
+
+
+def test_the_most_requests_an_engine_runs_is_read_from_server_info() -> None:
+    assert engine_max_running({"max_running_requests": 48, "max_total_num_tokens": 9}) == 48
+    nested = {"max_running_requests": None, "internal_states": [{"max_running_requests": 7}]}
+    assert engine_max_running(nested) == 7
+    effective = {"internal_states": [{"effective_max_running_requests_per_dp": 64}]}
+    assert engine_max_running(effective) == 64
+    for bad in ({}, {"max_running_requests": "48"}, {"internal_states": []}, [], None):
+        assert engine_max_running(bad) is None
+
+
+KV_ENGINE = sglang(2, 1) + "sglang:max_total_num_tokens 50000\nsglang:num_used_tokens 1000\n"
+
+
+async def test_a_batching_engine_is_capped_at_the_most_its_server_info_says_it_runs() -> None:
+    engine = FakeServer(metrics=KV_ENGINE.replace("num_running_reqs 2", "num_running_reqs 6"))
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response({"max_running_requests": 6, "max_total_num_tokens": 50000})
+
+    async with running(engine, routes={"/server_info": server_info}):
+        eps = endpoints({"id": "sglang", "url": engine.url, "models": ["m"]})
+        async with probing(eps) as host:
+            replica = await until(host, "sglang", lambda r: r.cap == 6)
+    assert (replica.kv_tokens, replica.kv_used, replica.max_running) == (50000, 1000, 6)
+    assert replica.engine_running == 6
+
+
+async def test_a_batching_engine_that_does_not_say_its_limit_is_never_capped_by_its_queue() -> None:
+    engine = FakeServer(metrics=KV_ENGINE)
+    async with running(engine):  # no /server_info: 404
+        eps = endpoints({"id": "vllm", "url": engine.url, "models": ["m"]})
+        async with probing(eps) as host:
+            await probed(lambda: engine.metrics_hits, rounds=4)
+            replica = host.state.replicas["vllm"]
+    assert replica.engine_waiting == 1 and replica.kv_tokens == 50000
+    assert replica.cap is None and replica.max_running is None
+
+
+async def test_the_endpoint_files_max_running_is_used_without_asking() -> None:
+    engine = FakeServer(metrics=KV_ENGINE)
+    asked = 0
+
+    async def server_info(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
+        return web.json_response({"max_running_requests": 6})
+
+    async with running(engine, routes={"/server_info": server_info}):
+        eps = endpoints({"id": "e", "url": engine.url, "models": ["m"], "max_running": 2})
+        async with probing(eps) as host:
+            replica = await until(host, "e", lambda r: r.healthy and r.kv_tokens is not None)
+            await probed(lambda: engine.metrics_hits, rounds=2)
+    assert replica.cap == 2 and asked == 0  # it runs 2, its most: capped there

@@ -19,6 +19,7 @@ File format (YAML, or TOML by extension)::
         slots: 4                     # llama.cpp's --parallel: luftpause picks the slot (optional)
         slot_saves: 8                # contexts saved on the engine's disk (optional, see below)
         kv_tokens: 200000            # the engine's KV pool in tokens (optional, see below)
+        max_running: 256             # the most requests it runs at once (optional, see below)
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -73,6 +74,15 @@ back) within its KV pool by holding new runs while they would not fit (see
 `scheduler.core.residency`). The pool is read from the engine's metrics (SGLang
 `sglang:max_total_num_tokens`, vLLM `vllm:cache_config_info`); `kv_tokens` sets it for an engine
 that does not export it, or overrides it. Without a known pool, new runs are never held for it.
+
+An engine whose KV pool is known batches up to it: when it queues, the queue comes from its KV
+being full or from the prefill it takes in per step, not from a limit on how many requests it
+runs, so luftpause sets no turn cap from that queue (a cap at what it runs would keep it below
+what it can batch). Only when it runs as many requests as it can at all does a queue cap it, at
+that number: `max_running` (SGLang's `--max-running-requests`), read from the engine's
+`/server_info` when the file does not say. An engine without a known pool (llama.cpp, or one that
+exports no KV figures) is capped at what it runs once it queues, which fits engines limited by a
+few slots.
 
 Routers as backends (`load_from`). A replica may be a router (e.g. the SGLang router) that picks
 the engine itself; the router's own metrics say nothing about the queue, so its load is read from
@@ -149,6 +159,8 @@ class Endpoint:
     slot_saves: int = 0
     # The engine's KV pool in tokens; 0: read it from the engine's metrics (SGLang, vLLM).
     kv_tokens: int = 0
+    # The most requests the engine runs at once; 0: ask the engine (SGLang's /server_info).
+    max_running: int = 0
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -165,6 +177,8 @@ class Endpoint:
             raise ConfigError(f"endpoint {self.id}: kv_tokens must be >= 0")
         if self.kv_tokens and self.kind is not EndpointKind.GENERATIVE:
             raise ConfigError(f"endpoint {self.id}: kv_tokens is for generative endpoints")
+        if self.max_running < 0:
+            raise ConfigError(f"endpoint {self.id}: max_running must be >= 0")
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(
@@ -267,6 +281,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "slots",
         "slot_saves",
         "kv_tokens",
+        "max_running",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -287,6 +302,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         slots=_count(raw.get("slots", 0), f"{where}.slots"),
         slot_saves=_count(raw.get("slot_saves", 0), f"{where}.slot_saves"),
         kv_tokens=_count(raw.get("kv_tokens", 0), f"{where}.kv_tokens"),
+        max_running=_count(raw.get("max_running", 0), f"{where}.max_running"),
     )
 
 

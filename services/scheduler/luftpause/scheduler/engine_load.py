@@ -139,3 +139,24 @@ def sum_loads(loads: Iterable[Load | None]) -> Load | None:
         kv_total=sum(load.kv_total or 0 for load in known) if kv_known else None,
         kv_used=sum(load.kv_used or 0 for load in known) if used_known else None,
     )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def engine_max_running(info: object) -> int | None:
+    """The most requests an engine runs at once, from SGLang's `/server_info` body: its top-level
+    `max_running_requests` when set, else the first data-parallel rank's effective one."""
+    if not isinstance(info, dict):
+        return None
+    top = _count(info.get("max_running_requests"))
+    if top is not None:
+        return top
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        first = states[0]
+        return _count(first.get("effective_max_running_requests_per_dp")) or _count(
+            first.get("max_running_requests")
+        )
+    return None

@@ -16,6 +16,9 @@ engine that is not a replica) gets no key.
 An endpoint with engine `slots` (llama.cpp) is also asked once each time it turns healthy how
 many slots it has (`GET /props`, `total_slots`); when that differs from the file, the prober
 logs a warning: the scheduler would name slots the engine does not have, or leave some unused.
+Any other engine with a metrics path is asked, the same way, how many requests it runs at once
+(SGLang's `GET /server_info`), unless the endpoint file says (`max_running`); every probe result
+carries the answer (see `core.model.next_cap`).
 
 The metric names understood are in `engine_load`.
 """
@@ -24,15 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import structlog
 
 from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.events import ProbeResult
-from luftpause.scheduler.engine_load import Load, parse_load, sum_loads
+from luftpause.scheduler.engine_load import Load, engine_max_running, parse_load, sum_loads
 from luftpause.scheduler.host import SchedulerHost
 
 log = structlog.get_logger(__name__)
@@ -42,10 +46,12 @@ PROBE_PERIOD_S = 2.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadTarget:
-    """One metrics URL a replica's load is read from, and the key variable to send there."""
+    """One metrics URL a replica's load is read from, the key variable to send there, and the
+    base URL of the engine it belongs to (where its /server_info is)."""
 
     url: str
     api_key_env: str = ""
+    base: str = ""
 
 
 def load_targets(endpoint: Endpoint, by_id: Mapping[str, Endpoint]) -> tuple[LoadTarget, ...]:
@@ -54,16 +60,25 @@ def load_targets(endpoint: Endpoint, by_id: Mapping[str, Endpoint]) -> tuple[Loa
         if not endpoint.metrics:
             return ()
         return (
-            LoadTarget(url=endpoint.base_url + endpoint.metrics, api_key_env=endpoint.api_key_env),
+            LoadTarget(
+                url=endpoint.base_url + endpoint.metrics,
+                api_key_env=endpoint.api_key_env,
+                base=endpoint.base_url,
+            ),
         )
     targets = []
     for entry in endpoint.load_from:
         other = by_id.get(entry)
         if other is None:
-            targets.append(LoadTarget(url=entry.rstrip("/") + "/metrics"))
+            base = entry.rstrip("/")
+            targets.append(LoadTarget(url=base + "/metrics", base=base))
         elif other.metrics:
             targets.append(
-                LoadTarget(url=other.base_url + other.metrics, api_key_env=other.api_key_env)
+                LoadTarget(
+                    url=other.base_url + other.metrics,
+                    api_key_env=other.api_key_env,
+                    base=other.base_url,
+                )
             )
     return tuple(targets)
 
@@ -97,8 +112,10 @@ class Prober:
         by_id = {e.id: e for e in endpoints}
         self._targets = {e.id: load_targets(e, by_id) for e in endpoints}
         self._session: aiohttp.ClientSession | None = None
-        # Endpoints with slots whose engine's count was read since they last turned healthy.
-        self._slots_read: set[str] = set()
+        # Endpoints whose engine was asked what it is (slots, most requests it runs) since they
+        # last turned healthy, and the most requests each engine said it runs at once.
+        self._engines_read: set[str] = set()
+        self._max_running: dict[str, int] = {}
         self._checks: set[asyncio.Task[None]] = set()
 
     async def probe(self, endpoint: Endpoint) -> ProbeResult:
@@ -117,6 +134,7 @@ class Prober:
             waiting=load.waiting if load else None,
             kv_total=load.kv_total if load else None,
             kv_used=load.kv_used if load else None,
+            max_running=self._max_running.get(endpoint.id),
         )
 
     async def _healthy(self, endpoint: Endpoint) -> bool:
@@ -165,26 +183,64 @@ class Prober:
                 )
             self.host.apply(result)
             if not result.healthy:
-                self._slots_read.discard(endpoint.id)
-            elif endpoint.slots and endpoint.id not in self._slots_read:
-                self._slots_read.add(endpoint.id)  # an engine restart may change its count
-                task = asyncio.create_task(self.check_slots(endpoint))
-                self._checks.add(task)
-                task.add_done_callback(self._checks.discard)
+                self._engines_read.discard(endpoint.id)
+            elif endpoint.id not in self._engines_read:
+                self._engines_read.add(endpoint.id)  # an engine restart may change its figures
+                check = self._engine_check(endpoint)
+                if check is not None:
+                    task = asyncio.create_task(check)
+                    self._checks.add(task)
+                    task.add_done_callback(self._checks.discard)
+
+    def _engine_check(self, endpoint: Endpoint) -> Coroutine[Any, Any, None] | None:
+        """What to ask an engine that turned healthy: llama.cpp its slots, SGLang how many
+        requests it runs at once (unless the endpoint file says)."""
+        if endpoint.slots:
+            return self.check_slots(endpoint)
+        if not endpoint.max_running and self._targets.get(endpoint.id):
+            return self.read_max_running(endpoint)
+        return None
+
+    async def read_max_running(self, endpoint: Endpoint) -> None:
+        """Read the most requests the engine runs at once from SGLang's `/server_info`; for a
+        router, the sum over the engines its load is read from (unknown if one does not say)."""
+        targets = self._targets.get(endpoint.id, ())
+        bodies = await asyncio.gather(
+            *(self._get_json(endpoint, "/server_info", target) for target in targets)
+        )
+        counts = [engine_max_running(body) for body in bodies]
+        most = None if None in counts else sum(c for c in counts if c is not None)
+        if not most:
+            self._max_running.pop(endpoint.id, None)
+            log.debug("engine reports no request limit", replica=endpoint.id)
+            return
+        self._max_running[endpoint.id] = most
+        log.info("engine request limit", replica=endpoint.id, max_running=most)
+
+    async def _get_json(
+        self, endpoint: Endpoint, path: str, target: LoadTarget | None = None
+    ) -> object:
+        """The JSON body of `path` on the endpoint (or on one of its load targets), or None
+        when it cannot be read."""
+        assert self._session is not None
+        base, key = (target.base, target.api_key_env) if target else (endpoint.base_url, "")
+        key = key if target else endpoint.api_key_env
+        try:
+            async with asyncio.timeout(self.period):
+                async with self._session.get(base + path, headers=_auth(key)) as resp:
+                    return await resp.json(content_type=None) if resp.status == 200 else None
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            log.debug(
+                "engine path unreadable",
+                replica=endpoint.id,
+                path=path,
+                error=str(exc) or type(exc).__name__,
+            )
+            return None
 
     async def check_slots(self, endpoint: Endpoint) -> None:
         """Warn when the engine's slot count (llama.cpp `/props`) is not the endpoint's."""
-        assert self._session is not None
-        try:
-            async with asyncio.timeout(self.period):
-                async with self._session.get(
-                    endpoint.base_url + "/props", headers=_auth(endpoint.api_key_env)
-                ) as resp:
-                    props = await resp.json(content_type=None) if resp.status == 200 else None
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            log.debug("props unreadable", replica=endpoint.id, error=str(exc) or type(exc).__name__)
-            return
-        engine = engine_slots(props)
+        engine = engine_slots(await self._get_json(endpoint, "/props"))
         if engine is None:
             log.info("engine reports no slot count", replica=endpoint.id, slots=endpoint.slots)
         elif engine != endpoint.slots:

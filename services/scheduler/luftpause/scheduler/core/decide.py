@@ -95,6 +95,7 @@ def initial_state(
             capacity=limit_of(None, e.slots),
             kv_config=e.kv_tokens,
             kv_tokens=e.kv_tokens or None,
+            max_running=e.max_running or None,
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
@@ -310,12 +311,15 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
     if replica is None:
         return state, ()
     pool = replica.kv_config or ev.kv_total or replica.kv_tokens
+    most = ev.max_running or replica.max_running
     kv_used = ev.kv_used
-    seen = evolve(replica, kv_tokens=pool) if pool != replica.kv_tokens else replica
+    seen = replica
+    if (pool, most) != (replica.kv_tokens, replica.max_running):
+        seen = evolve(replica, kv_tokens=pool, max_running=most)
     waiting = ev.waiting or 0
-    # A queue with the KV full marks the engine KV-bound; a queue without it, slot-bound.
+    # A queue with the KV full shows the engine bound by its KV (see the status page).
     kv_bound = kv_full(seen, kv_used) if waiting > 0 else replica.kv_bound
-    cap = next_cap(replica, ev.running, ev.waiting, kv_bound=waiting > 0 and kv_bound)
+    cap = next_cap(seen, ev.running, ev.waiting)
     if (
         replica.healthy,
         replica.engine_running,
@@ -324,16 +328,16 @@ def _probe(state: State, ev: ProbeResult) -> Decision:
         replica.kv_tokens,
         replica.kv_used,
         replica.kv_bound,
-    ) == (ev.healthy, ev.running, ev.waiting, cap, pool, kv_used, kv_bound):
+        replica.max_running,
+    ) == (ev.healthy, ev.running, ev.waiting, cap, pool, kv_used, kv_bound, most):
         return state, ()
     updated = evolve(
-        replica,
+        seen,
         healthy=ev.healthy,
         engine_running=ev.running,
         engine_waiting=ev.waiting,
         cap=cap,
         capacity=limit_of(cap, replica.slots),
-        kv_tokens=pool,
         kv_used=kv_used,
         kv_bound=kv_bound,
     )

@@ -92,9 +92,11 @@ class ProbeResult:
     healthy: bool
     running: int | None = None
     waiting: int | None = None
-    # The engine's KV pool and the tokens its batch holds, when its metrics say.
+    # The engine's KV pool and the tokens its batch holds, when its metrics say; the most
+    # requests it runs at once, when it says (SGLang's /server_info).
     kv_total: int | None = None
     kv_used: int | None = None
+    max_running: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -37,8 +37,8 @@ DATAPLANE_GRACE_S = 30.0
 """Default time a dataplane's event streams may be gone before its turns in flight are freed."""
 
 KV_FULL = 0.9
-"""An engine that queues while its requests hold this share of its KV pool is bound by its KV,
-not by a batch limit: its queue does not cap the turns placed there (see `next_cap`)."""
+"""An engine that queues while its requests hold this share of its KV pool is shown as bound by
+its KV (status only: a batching engine's queue never sets a cap short of its `max_running`)."""
 
 KV_MARGIN_BATCH = 0.9
 """A new batch run goes to a replica only while the runs resident there, and it, fit in this
@@ -102,13 +102,17 @@ def kv_full(replica: Replica, kv_used: int | None) -> bool:
     return pool is not None and kv_used is not None and kv_used >= KV_FULL * pool
 
 
-def next_cap(
-    replica: Replica, running: int | None, waiting: int | None, *, kv_bound: bool = False
-) -> int | None:
+def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int | None:
     """`replica`'s turn cap after a probe saw its engine run `running` and queue `waiting`.
 
-    Uncapped while the engine reports no queue (or no load at all). Once it queues, the cap
-    is what it runs, and it stays until the engine idles:
+    An engine whose KV pool is known (`kv_tokens`) batches up to it. Its queue comes from its KV
+    being full or from how much prefill it takes in per step, and says nothing about how many
+    turns it can run. It is capped only while it runs the most it can at once (`max_running`,
+    when known), or our turns there reach that number, and then at that number; otherwise it
+    stays open. The KV rule (`residency`) is what keeps its working set in its pool.
+
+    Any other engine is uncapped while it reports no queue (or no load at all). Once it queues,
+    the cap is what it runs, and it stays until the engine idles:
     - a queue seen on two probes in a row lowers it by that queue, less our turns beyond the
       cap (never below what the engine runs); a queue on one probe alone is a turn caught
       between its arrival and the engine's next step, and lowering the cap for it would
@@ -117,17 +121,14 @@ def next_cap(
     Without the hysteresis a capped engine shows an empty queue (the cap keeps it empty), the
     cap lifts, every held turn floods the engine at once, and a continuation waits behind all
     of them until the next probe.
-
-    A queue that comes with the engine's KV pool full (`kv_bound`) says nothing about how many
-    turns the engine can batch: it batches up to its KV, and what fits there depends on the
-    turns' lengths, not their number. Such a queue never lowers the cap (and never sets one);
-    the KV rule for new runs (`residency`) keeps a KV-bound engine's working set in its pool.
     """
     cap = replica.cap
     if waiting is None:
         return None
-    if waiting > 0 and kv_bound:
-        return cap if cap is None else max(cap, running or 0)
+    if replica.kv_tokens is not None:
+        most = replica.max_running
+        full = most is not None and ((running or 0) >= most or replica.in_flight >= most)
+        return most if full else None
     if cap is None:
         return max(running or 0, 1) if waiting > 0 else None
     if waiting > 0:
@@ -195,6 +196,9 @@ class Replica:
     kv_used: int | None = None
     # The endpoint file's `kv_tokens` (0: take the engine's figure).
     kv_config: int = 0
+    # The most requests its engine runs at once (endpoint `max_running`, else the engine's
+    # /server_info; None when unknown).
+    max_running: int | None = None
     # Its engine last queued with its KV full: its queue sets no turn cap (see `next_cap`).
     kv_bound: bool = False
     # Σ of the footprints of the runs resident here (derived; see `residency`), and whether a
