@@ -50,28 +50,47 @@ from luftpause.scheduler.engine_load import parse_load
 from luftpause.testkit.loadgen import Workload, run_workload
 from luftpause.testkit.stack import SIM_MODEL
 
+_LAG = "luftpause_sim_lag_seconds"
 
-async def sample_load(engines: list[str], period: float, out: dict[str, list[int]]) -> None:
-    """Poll each engine's /metrics until cancelled: running and waiting, summed over engines."""
+
+def sim_lag(text: str) -> float | None:
+    """How late a simulator's last engine step started (real seconds), from its /metrics."""
+    for line in text.splitlines():
+        if line.startswith(_LAG):
+            with contextlib.suppress(ValueError, IndexError):
+                return float(line.split()[-1])
+    return None
+
+
+async def sample_load(engines: list[str], period: float, out: dict[str, list[float]]) -> None:
+    """Poll each engine's /metrics until cancelled: running and waiting, summed over engines,
+    and the worst simulator lag."""
     async with aiohttp.ClientSession() as session:
         while True:
             running = waiting = 0
+            lags: list[float] = []
             for url in engines:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with session.get(url + "/metrics") as resp:
-                        load = parse_load(await resp.text())
+                        text = await resp.text()
+                        load = parse_load(text)
                         if load is not None:
                             running += load.running
                             waiting += load.waiting
+                        lag = sim_lag(text)
+                        if lag is not None:
+                            lags.append(lag)
             out["running"].append(running)
             out["waiting"].append(waiting)
+            if lags:
+                out["lag"].append(max(lags))
             await asyncio.sleep(period)
 
 
 @contextlib.asynccontextmanager
 async def engine_load(engines: list[str]) -> AsyncIterator[dict[str, float | None]]:
     """Sample the engines' load while the block runs; the means land in the yielded dict."""
-    samples: dict[str, list[int]] = {"running": [], "waiting": []}
+    samples: dict[str, list[float]] = {"running": [], "waiting": [], "lag": []}
     means: dict[str, float | None] = {}
     sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
     try:
@@ -83,12 +102,19 @@ async def engine_load(engines: list[str]) -> AsyncIterator[dict[str, float | Non
         means.update(load_summary(samples))
 
 
-def load_summary(samples: dict[str, list[int]]) -> dict[str, float | None]:
-    """Mean running and waiting over the window, both engines together."""
-    return {
+def load_summary(samples: dict[str, list[float]]) -> dict[str, float | None]:
+    """Mean running and waiting over the window, both engines together; the simulators' mean
+    and worst lag behind their schedule (real seconds; absent for real engines)."""
+    out: dict[str, float | None] = {
         f"engine_{key}_mean": round(statistics.fmean(vals), 2) if vals else None
         for key, vals in samples.items()
+        if key != "lag"
     }
+    lags = samples.get("lag", [])
+    if lags:
+        out["sim_lag_mean_s"] = round(statistics.fmean(lags), 4)
+        out["sim_lag_max_s"] = round(max(lags), 4)
+    return out
 
 
 # Per pool: the workload and engine settings an argument left unset takes. The real pool is two
@@ -121,11 +147,11 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
 # Saved slot contexts per real engine (one per run of the workload: 16 runs over 2 engines;
 # each file is about 8 KB per token, some 15 MB for a run's context here).
 REAL_SLOT_SAVES = 16
-# What a base model needs to call tools (see testkit.loadgen and bench/real_pool.py).
-REAL_WORKLOAD = {
-    "preamble": "gemma",
-    "stop": ("</tool_call>",),
-    "temperature": 0.3,
+# What a base model needs to call tools, per tool style (see testkit.loadgen and
+# bench/real_pool.py): example calls, and a stop after the first call.
+REAL_WORKLOAD: dict[str, dict[str, Any]] = {
+    style: {"preamble": preamble, "stop": ("</tool_call>",), "temperature": 0.3}
+    for style, preamble in (("openai", "gemma"), ("text", "gemma-text"))
 }
 
 
@@ -135,8 +161,10 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
         if args.pool == "real":
             from bench.real_pool import MODEL, PARALLEL, start_real_engines
 
-            model, extra, slots, saves = MODEL, REAL_WORKLOAD, PARALLEL, REAL_SLOT_SAVES
-            engines = await start_real_engines(exits, workdir, 2)
+            slots = getattr(args, "real_parallel", PARALLEL)
+            model, saves = MODEL, REAL_SLOT_SAVES
+            extra = REAL_WORKLOAD[getattr(args, "tool_style", "openai")]
+            engines = await start_real_engines(exits, workdir, 2, parallel=slots)
         else:
             model, extra = SIM_MODEL, {}
             engines = await start_engines(exits, workdir, arm, args)
@@ -245,9 +273,7 @@ def main() -> None:
         default="openai",
         help="tool rounds as OpenAI tool_calls, or as plain messages (a text protocol)",
     )
-    p.add_argument(
-        "--shared-prefix-chars", type=int, default=0, help="a preamble every run shares"
-    )
+    p.add_argument("--shared-prefix-chars", type=int, default=0, help="a preamble every run shares")
     p.add_argument(
         "--admission",
         choices=("reserve", "sglang"),

@@ -170,7 +170,13 @@ class CoreMachine(RuleBasedStateMachine):
             old = before.replicas[replica.id]
             mine = [s for s, run in enumerate(old.slot_runs) if run == turn.run_id]
             if per_replica[replica.id] == 1 and turn.run_id in before.runs:
-                free_mine = [s for s in mine if s not in old.busy_slots]
+                # Slots of turns that ended in this step (timed out, released) are free too.
+                ended = {
+                    t.slot
+                    for t in before.turns.values()
+                    if t.replica == replica.id and t.id not in after.turns
+                }
+                free_mine = [s for s in mine if s not in old.busy_slots - ended]
                 if free_mine:
                     assert turn.slot in free_mine, "a run's own idle slot was given away"
             assert replica.healthy, "placed on an unhealthy replica"

@@ -161,12 +161,14 @@ def test_the_cli_selects_the_tool_style_and_shared_prefix() -> None:
     ("overrides", "message"),
     [
         ({"tool_style": "xml"}, "unknown tool style"),
-        ({"tool_style": "text", "preamble": "gemma"}, "text tool style"),
+        ({"tool_style": "text", "preamble": "gemma"}, "in the openai tool style"),
+        ({"preamble": "gemma-text"}, "in the text tool style"),
         ({"tool_style": "text", "keep_tools": True}, "text tool style"),
         ({"shared_prefix_chars": -1}, "shared_prefix_chars"),
     ],
 )
 def test_impossible_workloads_are_refused(overrides: dict[str, Any], message: str) -> None:
+    """A preamble's examples must be in the run's tool style; text style offers no tools."""
     with pytest.raises(ValueError, match=message):
         _workload(**overrides)
 
@@ -177,7 +179,7 @@ def test_the_cli_refuses_text_style_with_the_gemma_preamble(
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--tool-style", "text", "--preamble", "gemma"])
     assert exit_info.value.code == 2
-    assert "text tool style" in capsys.readouterr().err
+    assert "in the openai tool style, not text" in capsys.readouterr().err
 
 
 @asynccontextmanager
@@ -237,3 +239,13 @@ async def test_a_new_runs_first_turn_finds_the_shared_prefix_cached() -> None:
     assert first.cached_tokens == 0
     # 2000 shared characters are 500 tokens, 31 full blocks of 16; the task is not shared.
     assert 31 * 16 <= second.cached_tokens < second.prompt_tokens - 400
+
+
+def test_the_gemma_text_preamble_shows_calls_written_in_replies_for_the_text_style() -> None:
+    wl = _workload(tool_style="text", preamble="gemma-text")
+    messages = opening(wl.preamble, shared_chars=0, text_tools=True)
+    assert messages[0]["role"] == "system" and "<tool_call>" in messages[0]["content"]
+    replies = [m["content"] for m in messages if m["role"] == "assistant"]
+    calls = [text_tool_calls(r)[0] for r in replies]
+    assert [len(c) for c in calls] == [1, 0, 1, 1, 0]
+    assert all("tool_calls" not in m and m["role"] != "tool" for m in messages)

@@ -52,7 +52,7 @@ import openai
 from openai import AsyncOpenAI
 
 from luftpause.testkit.agents import LOOKUP_TOOL
-from luftpause.testkit.preambles import PREAMBLES, opening, text_tool_calls
+from luftpause.testkit.preambles import PREAMBLE_STYLE, PREAMBLES, opening, text_tool_calls
 from luftpause.testkit.stats import jain, percentile
 
 TOOL_STYLES = ("openai", "text")
@@ -111,11 +111,14 @@ class Workload:
             raise ValueError("max_tokens must be at least 1")
         if self.tool_style not in TOOL_STYLES:
             raise ValueError(f"unknown tool style {self.tool_style!r}; one of {TOOL_STYLES}")
-        if self.tool_style == "text" and (self.preamble != "none" or self.keep_tools):
+        style = PREAMBLE_STYLE.get(self.preamble, self.tool_style)
+        if style != self.tool_style:
             raise ValueError(
-                "the text tool style takes neither a preamble (its examples are OpenAI "
-                "tool_calls) nor keep_tools (it offers no tools)"
+                f"the {self.preamble} preamble's examples are in the {style} tool style, "
+                f"not {self.tool_style}"
             )
+        if self.tool_style == "text" and self.keep_tools:
+            raise ValueError("the text tool style offers no tools to keep")
         if self.shared_prefix_chars < 0:
             raise ValueError("shared_prefix_chars must be >= 0")
 

@@ -53,7 +53,36 @@ GEMMA_PREAMBLE: list[dict[str, Any]] = [
     {"role": "tool", "tool_call_id": "ex-3", "content": "42 m"},
     {"role": "assistant", "content": "The town hall of Lyon was built in 1651 and is 42 m tall."},
 ]
-PREAMBLES: dict[str, list[dict[str, Any]]] = {"none": [], "gemma": GEMMA_PREAMBLE}
+
+
+def _text_call(query: str) -> str:
+    return f'<tool_call>{{"name": "lookup", "arguments": {{"query": "{query}"}}}}</tool_call>'
+
+
+# The same examples for the text tool protocol: calls written in the reply, results sent back
+# as user messages (the protocol itself is told in the system message, `TEXT_TOOL_SYSTEM`).
+GEMMA_TEXT_PREAMBLE: list[dict[str, Any]] = [
+    {"role": "user", "content": "Task: how long is the river Loire? Look up facts."},
+    {"role": "assistant", "content": _text_call("length of the Loire")},
+    {"role": "user", "content": "<tool_response>1,006 km</tool_response>"},
+    {"role": "assistant", "content": "The Loire is 1,006 km long."},
+    {
+        "role": "user",
+        "content": "Task: when was the town hall of Lyon built, and how tall is it? Look up facts.",
+    },
+    {"role": "assistant", "content": _text_call("Lyon town hall built")},
+    {"role": "user", "content": "<tool_response>1651</tool_response>"},
+    {"role": "assistant", "content": _text_call("Lyon town hall height")},
+    {"role": "user", "content": "<tool_response>42 m</tool_response>"},
+    {"role": "assistant", "content": "The town hall of Lyon was built in 1651 and is 42 m tall."},
+]
+PREAMBLES: dict[str, list[dict[str, Any]]] = {
+    "none": [],
+    "gemma": GEMMA_PREAMBLE,
+    "gemma-text": GEMMA_TEXT_PREAMBLE,
+}
+# The tool style each preamble's examples are written in.
+PREAMBLE_STYLE = {"gemma": "openai", "gemma-text": "text"}
 
 # The text tool protocol, told to the model in the system message of every run.
 TEXT_TOOL_SYSTEM = (

@@ -113,7 +113,28 @@ def initial_state(
 
 def decide(state: State, event: Event) -> Decision:
     """Apply one event; return the new state and what the shell must do."""
-    state = draft(state)
+    before = state
+    state, _ = residency.expire(draft(state), event.at)
+    state, actions = _apply(state, event)
+    # A working set that shrank (a run not back in time, a run that moved or ended) or a
+    # smaller learned new run may let new runs start on replicas the event did not touch.
+    opened = [
+        rid for rid, replica in state.replicas.items() if _opened(before.replicas[rid], replica)
+    ]
+    if not opened or not state.held:
+        return state, actions
+    dirty = [b for rid in opened for b in queues.buckets_for_replica(state, rid)]
+    state, placed = _drain(state, dirty, event.at)
+    return state, (*actions, *placed)
+
+
+def _opened(old: Replica, new: Replica) -> bool:
+    return (new.new_batch_fits and not old.new_batch_fits) or (
+        new.new_interactive_fits and not old.new_interactive_fits
+    )
+
+
+def _apply(state: State, event: Event) -> Decision:
     at = event.at
     match event:
         case Admit():
@@ -365,16 +386,8 @@ def _tick(state: State, at: float) -> Decision:
             dirty += moved
             actions.append(RunExpired(run_id=rid))
             continue
-        back = rid in state.held_by_run  # its turn waits: `holds` bounds that wait
-        if run.resident and not run.turns_in_flight and not back and at >= run.resident_until:
-            state, run = residency.leave(state, run)  # not back in time: its KV is free
-            state, moved = queues.rebucket_run(state, rid)
-            dirty += [*moved, *queues.buckets_for_replica(state, run.replica)]
         since = run.last_active if run.turns_in_flight == 0 else at
-        due_at = since + RUN_IDLE_EXPIRY_S
-        if run.resident and not run.turns_in_flight:
-            due_at = min(due_at, run.resident_until)
-        state = expiry.schedule_run_check(state, run, due_at)
+        state = expiry.schedule_run_check(state, run, since + RUN_IDLE_EXPIRY_S)
     state, freed = holds.release_waits(state, at)
     dirty += freed
     for dataplane, link in list(state.dataplanes.items()):

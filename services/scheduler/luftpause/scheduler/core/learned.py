@@ -8,8 +8,10 @@ weight ALPHA), so it follows a workload that changes:
   any usage is reported), completion tokens per turn, what a run's next prompt adds to its
   context between turns (a tool result, a user message), and a new run's first footprint;
 - `Comeback`, per service class and way a turn ended (with tool calls or without): how often the
-  run's next turn comes, and how long after. A run whose turns mostly come back is kept
-  resident for a few of those gaps (`window`); one that rarely comes back is not kept at all;
+  run's next turn comes, and how long after (mean and variance). A run whose turns mostly come
+  back is kept resident until nearly all of them would have (`window`); one that rarely comes
+  back is not kept at all: a finished run that looks like a paused one holds its replica's KV
+  for its window, so a tight window is what keeps that cheap;
 - `PrefillFit`, per replica: a least-squares line of time to first token against uncached
   prompt tokens, whose slope is what reading one token of context costs there (the price of
   moving a run away from its cached prefix).
@@ -17,6 +19,7 @@ weight ALPHA), so it follows a workload that changes:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 ALPHA = 0.1
@@ -25,10 +28,12 @@ ALPHA = 0.1
 COMES_BACK = 0.25
 """A way of ending after which fewer runs than this come back keeps no run resident."""
 
-WINDOW_GAPS = 3.0
-"""A run that is expected back stays resident for this many of its class's mean gaps."""
+WINDOW_SPREAD = 3.0
+WINDOW_GAPS = 1.25
+WINDOW_SLACK_S = 0.1
+"""A run expected back stays resident for its kind's mean gap plus WINDOW_SPREAD deviations, at
+least WINDOW_GAPS mean gaps, and WINDOW_SLACK_S more (for reports still on their way)."""
 
-WINDOW_MIN_S = 1.0
 WINDOW_MAX_S = 600.0
 TOOL_WINDOW_DEFAULT_S = 60.0
 """Residency of a run paused on a tool before any run of its class has come back from one."""
@@ -98,22 +103,32 @@ class Comeback:
     ends: float = 0.0  # turns that ended this way, recent ones weighted more
     back: float = 0.0  # of those, runs that came back (same weights)
     gap_s: float = 0.0  # mean time until they did
+    gap_var: float = 0.0  # and its variance
 
     def ended(self) -> Comeback:
         decay = 1.0 - ALPHA
         return replace(self, ends=self.ends * decay + 1.0, back=self.back * decay)
 
     def returned(self, gap_s: float) -> Comeback:
-        gap = ewma(self.gap_s, max(gap_s, 0.0), self.back)
-        return replace(self, back=min(self.back + 1.0, self.ends), gap_s=gap)
+        gap = max(gap_s, 0.0)
+        mean = ewma(self.gap_s, gap, self.back)
+        var = (
+            0.0
+            if self.back <= 0
+            else (1 - ALPHA) * (self.gap_var + ALPHA * (gap - self.gap_s) ** 2)
+        )
+        return replace(self, back=min(self.back + 1.0, self.ends), gap_s=mean, gap_var=var)
 
     def window(self, *, tool_calls: bool) -> float:
-        """How long a run that ended this way stays resident (0: not at all)."""
+        """How long a run that ended this way stays resident (0: not at all): past the mean gap
+        by WINDOW_SPREAD deviations and a little, so few runs that come back find it over."""
         if self.ends < _MIN_SAMPLES or self.back < 1.0:
             return TOOL_WINDOW_DEFAULT_S if tool_calls else 0.0
         if self.back / self.ends < COMES_BACK:
             return 0.0
-        return min(max(WINDOW_GAPS * self.gap_s, WINDOW_MIN_S), WINDOW_MAX_S)
+        spread = WINDOW_SPREAD * math.sqrt(self.gap_var)
+        window = max(self.gap_s + spread, WINDOW_GAPS * self.gap_s) + WINDOW_SLACK_S
+        return min(window, WINDOW_MAX_S)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -100,10 +100,7 @@ def end_turn(
     if holds_headroom(ended):
         state = bump_paused(state, ended.replica, 1)
     state, ended = _stay(state, ended, at, tool_calls, counted=usage is not None)
-    due = at + RUN_IDLE_EXPIRY_S
-    if ended.resident:
-        due = min(due, ended.resident_until)
-    state = expiry.schedule_run_check(state, ended, due)
+    state = expiry.schedule_run_check(state, ended, at + RUN_IDLE_EXPIRY_S)
     return queues.rebucket_run(state, run.id)
 
 

@@ -40,9 +40,18 @@ KV_FULL = 0.9
 """An engine that queues while its requests hold this share of its KV pool is shown as bound by
 its KV (status only: a batching engine's queue never sets a cap short of its `max_running`)."""
 
-KV_MARGIN_BATCH = 0.9
-"""A new batch run goes to a replica only while the runs resident there, and it, fit in this
-share of the replica's KV pool; a new interactive run may fill the pool (see `residency`)."""
+KV_MARGIN_BATCH = 0.75
+KV_MARGIN_INTERACTIVE = 0.875
+"""A new run goes to a replica only while the footprints of the runs resident there, and its
+own, fit in this share of the replica's KV pool (see `residency`). The rest is headroom for the
+engine's own cache: it evicts least recently used prefixes, and the prefills of new runs and
+of turns that missed push out the oldest ones, which are those of the runs paused longest. With
+the working set at 90 % of the pool, half of the paused runs' prefixes were gone when they came
+back (bench.flood on a KV-bound simulator, 36k-token pools); at 75 %, a third."""
+
+RESIDENCY_STEP_S = 0.05
+"""Resolution of residency expiry: a run leaves its replica's working set within this of when
+it was expected back."""
 
 NEW_RUN_MAX_HOLD_S = 60.0
 """A new run held this long by the KV rule goes to any replica with room: nothing starves."""
@@ -381,6 +390,10 @@ class State:
     # Run idle-expiry index: second -> chain (run id, rest) of runs to check then.
     run_checks: immutables.Map[int, Chain] = _EMPTY
     run_check_cursor: int = -1
+    # Residency index: step of RESIDENCY_STEP_S -> chain (run id, rest) of runs whose residency
+    # may end then (checked on every event, not only on ticks; see `residency.expire`).
+    residency_checks: immutables.Map[int, Chain] = _EMPTY
+    residency_cursor: int = -1
     dataplanes: immutables.Map[str, DataplaneLink] = _EMPTY
     # (kind prefix "m"/"s", model, class) -> healthy replicas serving it with room for the class.
     room: immutables.Map[tuple[str, str, ServiceClass], int] = _EMPTY

@@ -148,8 +148,9 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
     ids = by_model.get(turn.model, ())
     run = None if turn.single_pass else state.runs.get(turn.run_id)
     cls = turn.service_class
-    # The KV rule holds new runs (and runs resident nowhere) until the held time runs out.
-    kv_rule = not turn.single_pass and not turn.overdue
+    # The KV rule holds new runs (and runs resident nowhere) until the held time runs out (the
+    # turn sits in an "o" bucket then; one whose run became pinned meanwhile is back in "r").
+    kv_rule = not turn.single_pass and turn.bucket[0] != "o"
     if run is not None and run.replica:
         home = state.replicas.get(run.replica)
         if home is not None and home.healthy and run.replica in ids:

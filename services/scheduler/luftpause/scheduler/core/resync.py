@@ -101,6 +101,9 @@ def _rebuild(
             Phase.GENERATING if n else (Phase.IDLE if run.phase is Phase.GENERATING else run.phase)
         )
         runs[rid] = run = evolve(run, turns_in_flight=n, phase=phase, check_at=-1)
+        if run.footprint and not n and run.resident_until <= 0:
+            # Its turns were lost: nothing says when it is back, so it is not resident.
+            runs[rid] = run = evolve(run, footprint=0)
         if (
             run.phase is Phase.TOOL_PAUSED
             and run.service_class is ServiceClass.INTERACTIVE
@@ -132,6 +135,8 @@ def _rebuild(
         turn_order_tail=len(ordered),
         run_checks=immutables.Map(),
         run_check_cursor=-1,
+        residency_checks=immutables.Map(),
+        residency_cursor=-1,
         held=immutables.Map(),
         queues=immutables.Map(),
         heads=immutables.Map(),
@@ -140,10 +145,7 @@ def _rebuild(
     state = residency.rebuild(count_room(state))
     for run in runs.values():
         since = run.last_active if run.turns_in_flight == 0 else at
-        due = since + RUN_IDLE_EXPIRY_S
-        if run.resident and not run.turns_in_flight:
-            due = min(due, run.resident_until)
-        state = expiry.schedule_run_check(state, state.runs[run.id], due)
+        state = expiry.schedule_run_check(state, state.runs[run.id], since + RUN_IDLE_EXPIRY_S)
     for h in sorted(held.values(), key=lambda h: h.seq):
         bucket = queues.bucket_of(state, h.run_id, h.model, h.single_pass, h.overdue)
         state = queues.add(state, evolve(h, bucket=bucket))
