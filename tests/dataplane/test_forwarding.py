@@ -16,7 +16,7 @@ from luftpause.dataplane.forwarding import (
 
 
 def test_body_gives_model_and_messages() -> None:
-    model, messages = parse_turn_body(b'{"model": "m", "messages": [{"role": "user"}]}')
+    model, messages, _ = parse_turn_body(b'{"model": "m", "messages": [{"role": "user"}]}')
     assert model == "m" and messages == [{"role": "user"}]
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from functools import partial
 
 import pytest
 
+from luftpause.common.prefixes import opening_keys
 from luftpause.dataplane import wire
 from luftpause.dataplane.identity import ServiceClass
 from luftpause.dataplane.link import SchedulerLink
-from luftpause.dataplane.local import OpenReplica, by_model, choose_open
+from luftpause.dataplane.local import OpeningMemory, OpenReplica, by_model, choose_open
 from luftpause.dataplane.runs import Phase, RunRecord, RunTable
 from luftpause.rpc import scheduler_pb2 as pb
 from tests.dataplane.conftest import Stack, running_stack
@@ -53,6 +55,41 @@ def test_a_known_run_goes_to_its_replica_only_while_it_is_open(phase: Phase) -> 
 def test_an_unknown_run_a_client_named_and_a_model_with_no_open_replica_are_asked() -> None:
     assert choose_open((A, B), run=None, fresh=False, load={}) is None
     assert choose_open((), run=None, fresh=True, load={}) is None
+
+
+def test_a_fresh_run_goes_where_this_dataplane_sent_its_opening_near_the_least_load() -> None:
+    memory = OpeningMemory()
+    opening = opening_keys(
+        [{"role": "system", "content": "shared"}, {"role": "user", "content": "x"}]
+    )
+    memory.record("b", opening[:1])  # the shared system prompt went to b
+    choose = partial(choose_open, (A, B), run=None, fresh=True, opening=opening, memory=memory)
+    assert choose(load={"a": 0, "b": 2}) is B  # within the slack
+    assert choose(load={"a": 0, "b": 3}) is A  # past it: the least loaded
+    assert choose(load={}, opening=()) is A
+
+
+def test_the_opening_memory_forgets_the_least_recently_used_keys() -> None:
+    memory = OpeningMemory(size=2)
+    memory.record("a", [(1, 10), (2, 20)])
+    memory.record("a", [(1, 10), (3, 30)])  # 1 used again, 2 is the oldest
+    assert memory.matched("a", [(1, 10)]) == 10 and memory.matched("a", [(2, 20)]) == 0
+    assert memory.matched("a", [(1, 10), (3, 30)]) == 30 and memory.matched("b", [(1, 10)]) == 0
+
+
+async def test_a_run_the_dataplane_has_not_served_is_admitted_with_its_opening(
+    stack: Stack,
+) -> None:
+    async with asyncio.timeout(10):
+        await stack.post(stack.chat(), **{"x-luftpause-run-id": "new"})
+        await stack.post(stack.chat(), **{"x-luftpause-run-id": "new"})
+        await stack.scheduler.changes.until(lambda: len(stack.scheduler.admits) == 2)
+    first, second = stack.scheduler.admits
+    body = stack.chat()
+    expected = opening_keys(body["messages"], body.get("tools"))
+    assert [(k.hash, k.bytes) for k in first.opening] == list(expected)
+    assert first.prompt_bytes >= len(json.dumps(body, separators=(",", ":")))
+    assert list(second.opening) == []  # its run is known here now: no keys
 
 
 def test_open_replicas_are_indexed_by_model_in_id_order() -> None:

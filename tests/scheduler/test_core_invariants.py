@@ -9,7 +9,11 @@ step:
   preemptive one ("c") may take interactive turns beyond it, but never more interactive turns
   than its cap (the engine must have batch work to preempt), and batch never beyond it;
 - never on an unhealthy replica, nor on one that does not serve the turn's model;
-- a generating or tool-paused run's turn goes to its replica while that replica is healthy;
+- a generating or tool-paused run's turn goes to its replica while that replica is healthy, and
+  so does an idle run's while it is resident there (until a tick gives up its wait);
+- the KV rule: a new run starts on a replica with a known KV pool only while it and the runs
+  resident there fit their share of the pool (or nothing is resident there), unless it was held
+  past the longest hold;
 - batch respects paused-interactive headroom: a batch turn placed on a capped replica that does
   not preempt leaves at least one free slot per interactive run paused on a tool there;
 - fairness: no turn still held was passed over by a turn placed in the same step that it
@@ -19,7 +23,8 @@ step:
 - after a Resync, the runs and turns the dataplane reported are what the scheduler holds;
 - a dataplane gone past its grace period has no turns left in flight;
 - derived counters and indexes (in flight per replica and per caller, headroom, the queue each
-  held turn sits in) equal what the turns and runs themselves say; turns placed by a dataplane
+  held turn sits in, each replica's resident tokens and new-run flags) equal what the turns and
+  runs themselves say, and equal their rebuild from the runs; turns placed by a dataplane
   on a replica that closed meanwhile are counted like any other (and only they may exceed a cap);
 - the open-replica version moves whenever the set of open replicas changes;
 - a run taken from a dataplane was that dataplane's, and is now another's.
@@ -88,6 +93,8 @@ SAVES = {"b": 2}  # and it keeps two saved contexts on its engine's disk
 # which its probes report (3); a and b are capped by their queues.
 KV = {"c": 1500}
 RUNS = [f"r{i}" for i in range(8)]
+# Openings of new runs: none, a shared system prompt, or that and a task of its own.
+OPENINGS: list[tuple[tuple[int, int], ...]] = [(), ((11, 100),), ((11, 100), (12, 900))]
 CALLERS = ["x", "y", "z"]
 DATAPLANES = ["dp1", "dp2"]
 
@@ -234,6 +241,7 @@ class CoreMachine(RuleBasedStateMachine):
         dt=st.floats(0, 5),
         dataplane=st.sampled_from(DATAPLANES),
         size=st.sampled_from([0, 800, 4000]),
+        opens=st.sampled_from([0, 1, 2]),
     )
     def admit(
         self,
@@ -244,6 +252,7 @@ class CoreMachine(RuleBasedStateMachine):
         dt: float,
         dataplane: str,
         size: int = 800,
+        opens: int = 0,
     ) -> None:
         self.now += dt
         self.turn_no += 1
@@ -258,6 +267,7 @@ class CoreMachine(RuleBasedStateMachine):
                 caller=caller,
                 dataplane=dataplane,
                 prompt_bytes=size,
+                opening=OPENINGS[opens],
             )
         )
 

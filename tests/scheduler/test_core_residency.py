@@ -252,3 +252,20 @@ def test_a_replica_closed_to_new_runs_is_not_open_to_dataplanes() -> None:
         state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
         state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
     assert not is_open(state.replicas["a"])
+
+
+def test_a_run_is_not_kept_after_the_round_its_kind_stops_coming_back() -> None:
+    state = kv_pool("a")
+    t = 0.0
+    for r in range(4):  # runs of three turns, every turn ending without tool calls
+        for k in range(3):
+            state, _ = admit(state, f"t{r}-{k}", f"r{r}", at=t)
+            state = finish(state, f"t{r}-{k}", at=t + 0.2)
+            t += 0.7
+    state, _ = admit(state, "u0", "last", at=t)
+    state = finish(state, "u0", at=t + 0.2)
+    assert state.runs["last"].resident  # after its first round it is expected back
+    for k in (1, 2):
+        state, _ = admit(state, f"u{k}", "last", at=t + 0.7 * k)
+        state = finish(state, f"u{k}", at=t + 0.7 * k + 0.2)
+    assert not state.runs["last"].resident  # after the third, runs like it never came back

@@ -28,7 +28,7 @@ RUN_PHASE_GENERATING: RunPhase
 RUN_PHASE_TOOL_PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes", "opening")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class AdmitRequest(_message.Message):
     SINGLE_PASS_FIELD_NUMBER: _ClassVar[int]
     PLACED_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPENING_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -47,7 +48,16 @@ class AdmitRequest(_message.Message):
     single_pass: bool
     placed_replica_id: str
     prompt_bytes: int
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ...) -> None: ...
+    opening: _containers.RepeatedCompositeFieldContainer[OpeningKey]
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ..., opening: _Optional[_Iterable[_Union[OpeningKey, _Mapping]]] = ...) -> None: ...
+
+class OpeningKey(_message.Message):
+    __slots__ = ("hash", "bytes")
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    hash: int
+    bytes: int
+    def __init__(self, hash: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
     __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority", "engine_slot", "slot_save", "slot_restore")

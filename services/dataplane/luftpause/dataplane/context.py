@@ -16,6 +16,7 @@ from aiohttp import web
 
 from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
 from luftpause.dataplane.link import SchedulerLink
+from luftpause.dataplane.local import OpeningMemory
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.slotfiles import FileOrder
@@ -39,8 +40,10 @@ class Dataplane:
     metrics: Metrics = field(default_factory=Metrics)
     api_keys: Mapping[str, str] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    # Place turns on open replicas without asking the scheduler (see `local`).
+    # Place turns on open replicas without asking the scheduler (see `local`), and where this
+    # dataplane sent each opening lately.
     local_placement: bool = True
+    openings: OpeningMemory = field(default_factory=OpeningMemory)
     # Saved slot contexts: the engine's calls on one file in the order turns were placed.
     slot_order: FileOrder = field(default_factory=FileOrder)
     clock: Callable[[], float] = time.monotonic

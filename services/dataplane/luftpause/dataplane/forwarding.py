@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from luftpause.dataplane.errors import BadRequest
 
@@ -66,8 +66,16 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
-    """The model and messages of a chat completion request; `BadRequest` if malformed.
+class TurnBody(NamedTuple):
+    """What the dataplane reads of a chat completion request."""
+
+    model: str
+    messages: list[Any]
+    tools: Any = None
+
+
+def parse_turn_body(body: bytes) -> TurnBody:
+    """The model, messages and tools of a chat completion request; `BadRequest` if malformed.
 
     Checked: what the dataplane reads (model, messages) and the obviously wrong types of the
     fields that decide how the reply comes back (stream, max_tokens); the rest is the engine's.
@@ -85,7 +93,7 @@ def parse_turn_body(body: bytes) -> tuple[str, list[Any]]:
         value = doc.get(name)
         if value is not None and not (_is_int(value) and value >= 0):
             raise BadRequest(f"'{name}' must be a non-negative integer")
-    return model, messages
+    return TurnBody(model, messages, doc.get("tools"))
 
 
 def with_fields(body: bytes, fields: Mapping[str, int]) -> bytes:

@@ -7,8 +7,10 @@ to the runs whose history it holds, and reports the placement on its Session str
 turn waits for the scheduler as before:
 
 - a run this dataplane started with this turn (no run id from the client, no echoed tool call
-  it knows): the open replica serving the model with the fewest of this dataplane's turns in
-  flight, then by id, as the scheduler picks (its count is ours plus other dataplanes');
+  it knows): of the open replicas serving the model, the one this dataplane sent the run's
+  opening (tools and first messages) to among those near the fewest of its turns in flight,
+  else the one with the fewest, then by id, as the scheduler picks (`common.prefixes.prefer`;
+  its counts are ours plus other dataplanes');
 - a run in this dataplane's run table: its last replica, if that replica is open and serves the
   model (the scheduler sends a pinned run there, and an idle one while it has room); otherwise
   the scheduler decides (the run may have to wait, or move);
@@ -24,11 +26,15 @@ records whichever placement comes last, as a move.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from luftpause.common.prefixes import Key, prefer
 from luftpause.dataplane.identity import ServiceClass
 from luftpause.dataplane.runs import RunRecord
+
+OPENINGS_PER_REPLICA = 512
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -57,18 +63,47 @@ def by_model(replicas: Iterable[OpenReplica]) -> dict[str, tuple[OpenReplica, ..
     return {model: tuple(rs) for model, rs in index.items()}
 
 
+class OpeningMemory:
+    """The opening keys of the turns this dataplane sent to each replica lately: at most
+    OPENINGS_PER_REPLICA per replica, the least recently used forgotten first."""
+
+    __slots__ = ("_keys", "_size")
+
+    def __init__(self, size: int = OPENINGS_PER_REPLICA) -> None:
+        self._size = size
+        self._keys: dict[str, OrderedDict[int, int]] = {}
+
+    def record(self, replica_id: str, opening: Sequence[Key]) -> None:
+        keys = self._keys.setdefault(replica_id, OrderedDict())
+        for key, size in opening:
+            keys[key] = size
+            keys.move_to_end(key)
+        while len(keys) > self._size:
+            keys.popitem(last=False)
+
+    def matched(self, replica_id: str, opening: Sequence[Key]) -> int:
+        """Bytes of the longest of `opening` sent to `replica_id` lately (0 for none)."""
+        keys = self._keys.get(replica_id)
+        if not keys:
+            return 0
+        return max((size for key, size in opening if key in keys), default=0)
+
+
 def choose_open(
     open_for_model: tuple[OpenReplica, ...],
     *,
     run: RunRecord | None,
     fresh: bool,
     load: Mapping[str, int],
+    opening: Sequence[Key] = (),
+    memory: OpeningMemory | None = None,
 ) -> OpenReplica | None:
     """The open replica this dataplane may send the turn to itself, or None to ask.
 
     `open_for_model`: the open replicas serving the turn's model; `run`: the run table's record
     of the turn's run; `fresh`: the run id was made for this turn; `load`: this dataplane's
-    turns in flight per replica.
+    turns in flight per replica; `opening` and `memory`: the turn's opening keys, and where this
+    dataplane sent openings lately.
     """
     if not open_for_model:
         return None
@@ -76,4 +111,11 @@ def choose_open(
         return next((r for r in open_for_model if r.replica_id == run.replica_id), None)
     if not fresh:
         return None
-    return min(open_for_model, key=lambda r: (load.get(r.replica_id, 0), r.replica_id))
+    ranked = sorted(open_for_model, key=lambda r: (load.get(r.replica_id, 0), r.replica_id))
+    if not opening or memory is None:
+        return ranked[0]
+    return prefer(
+        ranked,
+        load=lambda r: load.get(r.replica_id, 0),
+        matched=lambda r: memory.matched(r.replica_id, opening),
+    )

@@ -27,6 +27,7 @@ from uuid import uuid4
 import structlog
 from aiohttp import web
 
+from luftpause.common.prefixes import Key, opening_keys
 from luftpause.dataplane import wire
 from luftpause.dataplane.context import DATAPLANE, Dataplane
 from luftpause.dataplane.errors import (
@@ -69,7 +70,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     fresh = False
     try:
         body = await read_body(request, dp.max_body_bytes)
-        model, messages = parse_turn_body(body)
+        model, messages, tools = parse_turn_body(body)
         if not run_id:
             run_id = dp.memory.recognise(echoed_tool_call_ids(messages), dp.clock()) or ""
         if not run_id:
@@ -85,8 +86,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         caller=cut_caller(request.headers.get(CALLER_HEADER)),
         request_bytes=len(body),
     )
+    # A run this dataplane has not served may be new: its opening says where it may be cached.
+    opening = opening_keys(messages, tools) if run_id not in dp.runs.runs else ()
     try:
-        return await _admit_and_proxy(request, dp, turn, body, arrived, fresh)
+        return await _admit_and_proxy(request, dp, turn, body, arrived, fresh, opening)
     finally:
         turn.close(CLIENT_GONE)
 
@@ -103,7 +106,13 @@ async def read_body(request: web.Request, limit: int) -> bytes:
 
 
 async def _admit_and_proxy(
-    request: web.Request, dp: Dataplane, turn: Turn, body: bytes, arrived: float, fresh: bool
+    request: web.Request,
+    dp: Dataplane,
+    turn: Turn,
+    body: bytes,
+    arrived: float,
+    fresh: bool,
+    opening: tuple[Key, ...],
 ) -> web.StreamResponse:
     admit = wire.admit_request(
         turn_id=turn.turn_id,
@@ -113,6 +122,7 @@ async def _admit_and_proxy(
         caller=turn.caller,
         dataplane_id=dp.dataplane_id,
         prompt_bytes=turn.request_bytes,
+        opening=opening,
     )
     runs = dp.runs
     local = None
@@ -122,6 +132,8 @@ async def _admit_and_proxy(
             run=runs.runs.get(turn.run_id),
             fresh=fresh,
             load=runs.load,
+            opening=opening,
+            memory=dp.openings,
         )
     if local is not None:
         replica_id, replica_url = local.replica_id, local.url
@@ -147,6 +159,8 @@ async def _admit_and_proxy(
         save = reply.slot_save if reply.HasField("slot_save") else None
         restore = reply.slot_restore if reply.HasField("slot_restore") else None
     turn.placed(replica_id)
+    if opening:
+        dp.openings.record(replica_id, opening)
     url = replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
     if priority is not None or slot is not None:  # most engines take the client's body as is

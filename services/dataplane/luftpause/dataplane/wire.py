@@ -6,6 +6,8 @@ rest of the dataplane speaks in its own frozen values.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from luftpause.dataplane.identity import ServiceClass
 from luftpause.dataplane.reply import ReplySummary
 from luftpause.dataplane.runs import Phase, RunRecord, Snapshot, TurnRecord
@@ -34,9 +36,11 @@ def admit_request(
     caller: str,
     dataplane_id: str,
     prompt_bytes: int = 0,
+    opening: Sequence[tuple[int, int]] = (),
 ) -> pb.AdmitRequest:
     """The Admit call for one turn; the same message is sent again on every retry."""
     return pb.AdmitRequest(
+        opening=[pb.OpeningKey(hash=key, bytes=size) for key, size in opening],
         turn_id=turn_id,
         run_id=run_id,
         model=model,

@@ -42,6 +42,8 @@ _PHASE_OUT = {
 
 
 DATAPLANE_METADATA = "x-luftpause-dataplane"
+# More keys than a dataplane sends (tools and four messages) are never read.
+MAX_OPENING_KEYS = 8
 
 
 def dataplane_of(context: grpc.aio.ServicerContext) -> str:
@@ -181,6 +183,9 @@ def _admit_event(host: SchedulerHost, request: pb.AdmitRequest) -> e.Admit:
         single_pass=request.single_pass,
         placed_on="" if request.single_pass else request.placed_replica_id,
         prompt_bytes=max(request.prompt_bytes, 0),
+        opening=tuple(
+            (key.hash, key.bytes) for key in request.opening[:MAX_OPENING_KEYS] if key.bytes > 0
+        ),
     )
 
 

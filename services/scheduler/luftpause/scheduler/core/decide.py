@@ -236,6 +236,7 @@ def _held(state: State, ev: Admit, bucket: Bucket) -> HeldTurn:
         single_pass=ev.single_pass,
         bucket=bucket,
         prompt_bytes=max(ev.prompt_bytes, 0),
+        opening=ev.opening,
     )
 
 

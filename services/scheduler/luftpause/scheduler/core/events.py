@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from luftpause.common.prefixes import Key
 from luftpause.scheduler.core.model import Phase, ServiceClass, _check_id
 
 # --- events --------------------------------------------------------------------------------
@@ -32,6 +33,8 @@ class Admit:
     placed_on: str = ""
     # Size of the request body: sizes a new run's first turn before its usage is known.
     prompt_bytes: int = 0
+    # The request's opening keys (`common.prefixes`): a new run goes where they were served.
+    opening: tuple[Key, ...] = ()
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.turn_id)

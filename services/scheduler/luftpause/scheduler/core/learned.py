@@ -7,8 +7,9 @@ weight ALPHA), so it follows a workload that changes:
 - `Sizes`: prompt tokens per request byte (to size a new run's first turn from its body before
   any usage is reported), completion tokens per turn, what a run's next prompt adds to its
   context between turns (a tool result, a user message), and a new run's first footprint;
-- `Comeback`, per service class and way a turn ended (with tool calls or without): how often the
-  run's next turn comes, and how long after (mean and variance). A run whose turns mostly come
+- `Comeback`, per service class and way a turn ended (with tool calls or without), over all runs
+  and per number of rounds a run had finished: how often the run's next turn comes, and how long
+  after (mean and variance). A run whose turns mostly come
   back is kept resident until nearly all of them would have (`window`); one that rarely comes
   back is not kept at all: a finished run that looks like a paused one holds its replica's KV
   for its window, so a tight window is what keeps that cheap;
@@ -20,6 +21,7 @@ weight ALPHA), so it follows a workload that changes:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 ALPHA = 0.1
@@ -129,6 +131,31 @@ class Comeback:
         spread = WINDOW_SPREAD * math.sqrt(self.gap_var)
         window = max(self.gap_s + spread, WINDOW_GAPS * self.gap_s) + WINDOW_SLACK_S
         return min(window, WINDOW_MAX_S)
+
+
+ROUNDS_CAP = 16
+"""Runs are told apart by the rounds they finished up to this many (more count as this many)."""
+
+ComebackKey = tuple[str, bool, int]
+"""(service class, the turn ended with tool calls, rounds the run finished; -1 for any)."""
+
+
+def comeback_keys(cls: str, tool_calls: bool, rounds: int) -> tuple[ComebackKey, ComebackKey]:
+    """The key of every run that ended this way, and that of runs with as many rounds."""
+    return (cls, tool_calls, -1), (cls, tool_calls, min(max(rounds, 0), ROUNDS_CAP))
+
+
+def window_for(
+    comebacks: Mapping[ComebackKey, Comeback], cls: str, tool_calls: bool, rounds: int
+) -> float:
+    """How long a run stays resident after its `rounds`-th turn ended this way: from runs that
+    ended the same round when enough did (a run whose turns all end alike, a text tool protocol,
+    still stops coming back after the round its kind usually ends on), else from all of them."""
+    every, same = comeback_keys(cls, tool_calls, rounds)
+    mine = comebacks.get(same)
+    if mine is not None and mine.ends >= _MIN_SAMPLES:
+        return mine.window(tool_calls=tool_calls)
+    return comebacks.get(every, Comeback()).window(tool_calls=tool_calls)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

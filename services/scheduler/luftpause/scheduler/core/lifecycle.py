@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from luftpause.scheduler.core import expiry, queues, residency, slots
 from luftpause.scheduler.core.events import RunTaken, TurnFinished
-from luftpause.scheduler.core.learned import Comeback
+from luftpause.scheduler.core.learned import Comeback, comeback_keys, window_for
 from luftpause.scheduler.core.model import (
     RUN_IDLE_EXPIRY_S,
     Bucket,
@@ -24,6 +24,7 @@ from luftpause.scheduler.core.model import (
     evolve,
     put,
 )
+from luftpause.scheduler.core.openings import OpeningIndex, record
 from luftpause.scheduler.core.placement import set_replica
 
 
@@ -132,12 +133,13 @@ def _stay(
     state: State, run: Run, at: float, tool_calls: bool, *, counted: bool
 ) -> tuple[State, Run]:
     """After its turn ended, keep `run` resident for as long as runs like it come back."""
-    key = (run.service_class, tool_calls)
-    comeback = state.comebacks.get(key, Comeback())
+    cls = str(run.service_class)
     if counted:
-        comeback = comeback.ended()
-        state = put(state, comebacks=state.comebacks.set(key, comeback))
-    window = comeback.window(tool_calls=tool_calls)
+        comebacks = state.comebacks
+        for key in comeback_keys(cls, tool_calls, run.rounds):
+            comebacks = comebacks.set(key, comebacks.get(key, Comeback()).ended())
+        state = put(state, comebacks=comebacks)
+    window = window_for(state.comebacks, cls, tool_calls, run.rounds)
     if window <= 0:
         return residency.leave(state, run)
     tokens = residency.footprint(state, run) if run.context_tokens else run.footprint
@@ -146,9 +148,13 @@ def _stay(
 
 def _came_back(state: State, run: Run, at: float) -> State:
     """`run`, which had ended a turn, sent its next one: learn how runs like it come back."""
-    key = (run.service_class, run.phase is Phase.TOOL_PAUSED)
-    comeback = state.comebacks.get(key, Comeback()).returned(at - run.last_active)
-    return put(state, comebacks=state.comebacks.set(key, comeback))
+    comebacks = state.comebacks
+    tool_calls = run.phase is Phase.TOOL_PAUSED
+    for key in comeback_keys(str(run.service_class), tool_calls, run.rounds):
+        comebacks = comebacks.set(
+            key, comebacks.get(key, Comeback()).returned(at - run.last_active)
+        )
+    return put(state, comebacks=comebacks)
 
 
 def forget_run(state: State, run_id: str) -> tuple[State, list[Bucket]]:
@@ -211,6 +217,9 @@ def start_turn(
     state = set_replica(put(state, turns=state.turns.set(turn.id, turn)), updated)
     if held.single_pass:
         return state, [], ()
+    if held.opening:
+        index = state.openings.get(replica.id, OpeningIndex())
+        state = put(state, openings=state.openings.set(replica.id, record(index, held.opening)))
     old = state.runs.get(held.run_id)
     # A paused interactive run moving away frees the headroom it held on its old replica.
     freed = (

@@ -25,7 +25,9 @@ from typing import Any, TypeVar
 import immutables
 
 from luftpause.common.config import EndpointKind, Priorities
-from luftpause.scheduler.core.learned import Comeback, PrefillFit, Sizes
+from luftpause.common.prefixes import Key
+from luftpause.scheduler.core.learned import Comeback, ComebackKey, PrefillFit, Sizes
+from luftpause.scheduler.core.openings import OpeningIndex
 
 TURN_TIMEOUT_S = 600.0
 """A placed turn whose end is never reported is dropped after this (dataplane died mid-turn)."""
@@ -347,6 +349,8 @@ class HeldTurn:
     prompt_bytes: int = 0
     # Held by the KV rule past NEW_RUN_MAX_HOLD_S: it goes to any replica with room.
     overdue: bool = False
+    # Its request's opening keys (`common.prefixes`): a new run goes where they were served.
+    opening: tuple[Key, ...] = ()
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
@@ -404,6 +408,8 @@ class State:
     # publishes the new set to the dataplanes when it sees a new value.
     open_version: int = 0
     # Learned from reported turns (see `learned`): token sizes over the pool, and per (class,
-    # ended with tool calls) how runs come back.
+    # ended with tool calls, rounds finished or -1 for any) how runs come back.
     sizes: Sizes = _NO_SIZES
-    comebacks: immutables.Map[tuple[ServiceClass, bool], Comeback] = _EMPTY
+    comebacks: immutables.Map[ComebackKey, Comeback] = _EMPTY
+    # Per replica, the openings it served lately (see `openings`).
+    openings: immutables.Map[str, OpeningIndex] = _EMPTY

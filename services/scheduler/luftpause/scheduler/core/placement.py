@@ -4,24 +4,31 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
 
 1. Routing by model: only replicas of the turn's kind that serve its model.
 2. Health: an unhealthy replica gets nothing.
-3. Strict run affinity: a run that is generating or paused on a tool goes only to the replica
-   that served its last turn, while that replica is healthy and serves the model. An idle run,
-   or one whose replica is down, may move.
-4. Admission by engine load: a replica whose engine reports no waiting queue is uncapped; once
-   it queues, its turns are capped at what the engine runs. A replica with engine `slots` never
-   takes more turns than it has slots (`slots` picks which one).
-5. Service classes: a batch turn may not take the last free slot kept for each interactive run
+3. Run affinity: a run that is generating or paused on a tool goes only to the replica that
+   served its last turn, while that replica is healthy and serves the model; so does an idle
+   run still resident there (expected back, see `residency`), until it has waited longer than
+   reading its context elsewhere would take (`holds`). Any other run may move.
+4. Admission by engine load: an engine whose KV pool is known batches up to it and is capped
+   only at the most requests it runs at once (`model.next_cap`); any other engine is uncapped
+   until it queues, then capped at what it runs. A replica with engine `slots` never takes
+   more turns than it has slots (`slots` picks which one).
+5. The KV rule: a new run (or one resident nowhere) starts on a replica with a known KV pool
+   only while the runs resident there and it fit a share of the pool (`residency`); held past
+   NEW_RUN_MAX_HOLD_S, it goes to any replica with room.
+6. Service classes: a batch turn may not take the last free slot kept for each interactive run
    paused on a tool on that replica (it will come back). On a preemptive replica (its engine
    preempts a running batch request for a waiting interactive one) no slot is kept: batch may
    fill the cap, and an interactive turn goes beyond it while the engine still runs batch work
    to preempt (fewer interactive turns in flight there than the cap).
-6. Among replicas with room, an idle run prefers its last replica (its prefix may still be
-   cached), then the least loaded.
+7. Among replicas with room, an idle run prefers its last replica (its prefix may still be
+   cached); a new one the replica that served its opening (its tools and first messages) of
+   those near the least load (`common.prefixes.prefer`); else the least loaded.
 
-An *open* replica (healthy, generative, uncapped, no slots to assign) has room for every turn,
-so there rules 4 and 5 never hold a turn back and only affinity and load choose. The dataplanes
-are told which replicas are open and place a new run, or a run of theirs last on an open
-replica, themselves; the core records such a placement as reported (`Admit.placed_on`).
+An *open* replica (healthy, generative, uncapped, no slots to assign, room for new runs) has
+room for every turn, so there rules 4 to 6 never hold a turn back and only affinity, openings and
+load choose. The dataplanes are told which replicas are open and place a new run, or a run of
+theirs last on an open replica, themselves; the core records such a placement as reported
+(`Admit.placed_on`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import immutables
 
 from luftpause.common.config import EndpointKind
+from luftpause.common.prefixes import matched_bytes, prefer
 from luftpause.scheduler.core.model import (
     Bucket,
     HeldTurn,
@@ -38,8 +46,10 @@ from luftpause.scheduler.core.model import (
     State,
     put,
 )
+from luftpause.scheduler.core.openings import OpeningIndex
 
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
+_NO_INDEX = OpeningIndex()
 
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
@@ -162,20 +172,26 @@ def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
     kind = "s" if turn.single_pass else ("m" if kv_rule else "o")
     if not state.room.get((kind, turn.model, cls)):
         return None  # no healthy replica of the model has room for the turn
-    best: Replica | None = None
-    best_key = (0.0, 0, "")
     replicas = state.replicas
-    for rid in ids:
-        replica = replicas[rid]
-        if not replica.healthy or not has_room(replica, cls):
-            continue
-        if kv_rule and not replica.new_fits(cls):
-            continue
-        cap = replica.capacity
-        key = (replica.in_flight / cap if cap else 0.0, replica.in_flight, rid)
-        if best is None or key < best_key:
-            best, best_key = replica, key
-    return best
+    candidates = [
+        r
+        for r in (replicas[rid] for rid in ids)
+        if r.healthy and has_room(r, cls) and not (kv_rule and not r.new_fits(cls))
+    ]
+    candidates.sort(key=_load_key)
+    if not turn.opening or len(candidates) < 2:
+        return candidates[0] if candidates else None
+    openings = state.openings
+    return prefer(
+        candidates,
+        load=lambda r: r.in_flight,
+        matched=lambda r: matched_bytes(turn.opening, openings.get(r.id, _NO_INDEX).keys),
+    )
+
+
+def _load_key(replica: Replica) -> tuple[float, int, str]:
+    cap = replica.capacity
+    return (replica.in_flight / cap if cap else 0.0, replica.in_flight, replica.id)
 
 
 def serves(state: State, model: str, single_pass: bool) -> bool:

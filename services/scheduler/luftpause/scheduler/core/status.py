@@ -43,6 +43,8 @@ def status_view(state: State, now: float) -> dict[str, Any]:
                 "resident_runs": resident.get(r.id, 0),
                 "new_batch_fits": r.new_batch_fits,
                 "new_interactive_fits": r.new_interactive_fits,
+                # Opening keys (tools and first messages) it served lately: see `openings`.
+                "openings": len(state.openings[r.id].keys) if r.id in state.openings else 0,
                 "prefill_ms_per_token": None
                 if r.prefill.s_per_token is None
                 else round(r.prefill.s_per_token * 1000, 4),
@@ -86,9 +88,13 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "reply_tokens": round(sizes.reply_tokens, 1),
             "growth_tokens": round(sizes.growth_tokens, 1),
             "new_run_tokens": round(sizes.new_run_tokens, 1),
+            # How long a run stays resident after a turn that ended with or without tool calls
+            # (over all runs; per rounds finished where it differs).
             "residency_s": {
-                f"{cls}/{'tool' if tool else 'idle'}": round(c.window(tool_calls=tool), 3)
-                for (cls, tool), c in sorted(state.comebacks.items())
+                f"{cls}/{'tool' if tool else 'idle'}"
+                + ("" if rounds < 0 else f"/round {rounds}"): round(c.window(tool_calls=tool), 3)
+                for (cls, tool, rounds), c in sorted(state.comebacks.items())
+                if c.ends >= 1
             },
         },
         "held": held,
