@@ -7,7 +7,7 @@ PROTO   := proto/luftpause/rpc/scheduler.proto
 RPC_OUT := services/common
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install browser up test lint typecheck pytest proto soak bench bench-real calibrate clean
+.PHONY: install browser up test lint typecheck pytest proto soak bench bench-real bench-matrix calibrate clean
 
 install: $(STAMP) browser
 
@@ -73,6 +73,13 @@ bench-real: install
 	$(BIN)/python -m bench.flood --pool real --repeats 1
 	$(BIN)/python -m bench.rereads
 	$(BIN)/python -m bench.slot_saves
+	$(BIN)/python -m bench.report
+
+# The workload matrix: 16 simulated cells (3 repeats) and 2 on llama.cpp (2 repeats), every
+# cell against router cache_aware and round_robin (about two hours), then the report.
+bench-matrix: install
+	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
+	$(BIN)/python -m bench.matrix --cells all --time-scale 10
 	$(BIN)/python -m bench.report
 
 # Fit the engine simulator's defaults to llama.cpp on this CPU (bench/results/calibration.json).

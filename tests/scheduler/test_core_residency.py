@@ -269,3 +269,20 @@ def test_a_run_is_not_kept_after_the_round_its_kind_stops_coming_back() -> None:
         state, _ = admit(state, f"u{k}", "last", at=t + 0.7 * k)
         state = finish(state, f"u{k}", at=t + 0.7 * k + 0.2)
     assert not state.runs["last"].resident  # after the third, runs like it never came back
+
+
+def test_status_shows_each_replicas_working_set_against_its_pool() -> None:
+    from luftpause.scheduler.core.status import status_view
+
+    state = kv_pool("a", kv=3500)
+    for i in range(2):
+        state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
+        state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
+    view = status_view(state, now=3)
+    kv = view["replicas"][0]["kv"]
+    assert kv["tokens"] == 3500 and kv["resident_runs"] == 2
+    assert kv["resident_tokens"] == state.replicas["a"].resident_tokens > 2400
+    assert (kv["new_batch_fits"], kv["new_interactive_fits"]) == (False, False)
+    learned = view["learned"]
+    assert learned["new_run_tokens"] > 1200 and learned["reply_tokens"] == 20
+    assert learned["residency_s"]["batch/tool"] > 0

@@ -31,6 +31,7 @@ class StubEngine:
     healthy: bool = True
     running: int = 0
     waiting: int = 0
+    kv_total: int = 0  # exported as SGLang's pool when set
     port: int = field(default_factory=free_port)
 
     def app(self) -> web.Application:
@@ -38,9 +39,10 @@ class StubEngine:
             return web.json_response({}, status=200 if self.healthy else 503)
 
         async def metrics(_: web.Request) -> web.Response:
+            pool = f"sglang:max_total_num_tokens {self.kv_total}\n" if self.kv_total else ""
             return web.Response(
                 text=f"sglang:num_running_reqs {self.running}\n"
-                f"sglang:num_queue_reqs {self.waiting}\n"
+                f"sglang:num_queue_reqs {self.waiting}\n{pool}"
             )
 
         app = web.Application()
@@ -218,6 +220,18 @@ async def test_resync_rebuilds_runs_and_turns_in_flight(stack: Stack) -> None:
         again = await stack.stub.Admit(admit("t3", "r1"))
     assert again.replica_id == "b"  # the paused run kept its replica
     assert {r.id: r.in_flight for r in status.replicas} == {"a": 1, "b": 0}
+    # Stub engines export no KV pool: unknown, nothing held for it.
+    assert {(r.kv_tokens, r.kv_used, r.new_batch_fits) for r in status.replicas} == {(0, -1, True)}
+
+
+async def test_status_carries_an_engines_kv_pool_and_the_working_set(stack: Stack) -> None:
+    stack.engines["a"].kv_total = 40_000
+    await stack.until(lambda s: s["replicas"][0]["kv"]["tokens"] == 40_000)
+    async with asyncio.timeout(5):
+        status = await stack.stub.Status(pb.StatusRequest())
+    a = next(r for r in status.replicas if r.id == "a")
+    assert (a.kv_tokens, a.resident_tokens, a.resident_runs) == (40_000, 0, 0)
+    assert a.new_batch_fits and a.new_interactive_fits
 
 
 async def test_grpc_health_and_reflection_answer(stack: Stack) -> None:

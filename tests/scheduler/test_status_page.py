@@ -40,6 +40,7 @@ FLAGS = (
 )
 
 # One row per replica: every cell's text, and the class that colours the health cell.
+NO_KV = "\u2013"  # the page's dash for a replica whose KV pool is unknown
 REPLICA_ROWS = """Array.from(document.querySelectorAll("#replicas tbody tr"), tr => ({
   cells: Array.from(tr.cells, td => td.textContent), health_class: tr.cells[1].className}))"""
 TABLE_HEADS = """Object.fromEntries(Array.from(document.querySelectorAll("table"),
@@ -209,7 +210,8 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
 
     rows = await page.until(REPLICA_ROWS, lambda v: rows_by_id(v) == {"a": "up", "b": "up"})
     assert [r["cells"] for r in rows] == [
-        [rid, "up", "0 (0) / uncapped, open", "0 / 0", "0", sched.MODEL] for rid in ("a", "b")
+        [rid, "up", "0 (0) / uncapped, open", "0 / 0", "0", NO_KV, sched.MODEL]
+        for rid in ("a", "b")
     ]
     assert [r["health_class"] for r in rows] == ["up", "up"]
     assert (await page.evaluate('document.getElementById("updated").textContent')).startswith(
@@ -226,5 +228,8 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
     assert [r["health_class"] for r in rows] == ["up", "down"]
     assert [r["cells"][2] for r in rows] == ["0 (0) / uncapped, open", "0 (0) / uncapped"]
     assert await page.evaluate("window.loadedOnce") is True  # the same document, never reloaded
+    stack.engines["a"].kv_total = 50_000  # its engine now says how much KV it has
+    rows = await page.until(REPLICA_ROWS, lambda v: v[0]["cells"][5] != NO_KV)
+    assert rows[0]["cells"][5] == "0 / 50000 (0 runs)"
     await page.screenshot(tmp_path / "status_page.png")
     assert (tmp_path / "status_page.png").read_bytes().startswith(b"\x89PNG")
