@@ -161,10 +161,13 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
         if args.pool == "real":
             from bench.real_pool import MODEL, PARALLEL, start_real_engines
 
-            slots = getattr(args, "real_parallel", PARALLEL)
-            model, saves = MODEL, REAL_SLOT_SAVES
+            parallel = getattr(args, "real_parallel", PARALLEL)
+            # The luftpause arms assign the engines' slots unless told to leave them to
+            # llama.cpp (its host prompt cache then keeps the contexts it gives away).
+            slots = parallel if getattr(args, "real_slots", True) else 0
+            model, saves = MODEL, REAL_SLOT_SAVES if slots else 0
             extra = REAL_WORKLOAD[getattr(args, "tool_style", "openai")]
-            engines = await start_real_engines(exits, workdir, 2, parallel=slots)
+            engines = await start_real_engines(exits, workdir, 2, parallel=parallel)
         else:
             model, extra = SIM_MODEL, {}
             engines = await start_engines(exits, workdir, arm, args)

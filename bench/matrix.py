@@ -119,6 +119,9 @@ def cell_args(cell: Cell, a: argparse.Namespace) -> argparse.Namespace:
             tool_style=cell.tools,
             seed=a.seed,
             real_parallel=2,
+            # llama.cpp picks the slots: naming them cost cached prompt tokens with plain-
+            # message agents (bench/results/matrix_slots.json) and gained nothing with tool calls.
+            real_slots=False,
         )
     kv = KV_TOKENS.get((cell.engine, cell.kv)) or KV_TOKENS["thrash"]
     shared = SHARED_CHARS if cell.context == "shared" else 0

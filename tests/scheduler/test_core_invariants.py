@@ -159,7 +159,8 @@ class CoreMachine(RuleBasedStateMachine):
             assert old.saves[files[action.slot_restore]] == turn.run_id, "restored another run"
         if action.slot_save is not None:
             run = before.runs.get(holder)
-            assert run is not None and run.replica == old.id and run.phase is not Phase.IDLE
+            assert run is not None and run.replica == old.id
+            assert run.phase is not Phase.IDLE or run.resident, "saved a context not wanted back"
             assert self.state.replicas[old.id].saves[files[action.slot_save]] == holder
 
     def check_placements(self, before: State, event: Event, actions: tuple[Action, ...]) -> None:

@@ -8,10 +8,12 @@ content will be wanted again last, as a cache evicts the entry used furthest in 
 
 0. empty, or held by a run the core has forgotten, that moved to another replica, or that is
    generating elsewhere: no one comes back for it;
-1. a run that finished its last turn without a tool call (it is likely done);
-2. a batch run still in its tool call: its next turn will queue behind the turns held now;
+1. a run that finished its last turn without a tool call and is not expected back (not
+   resident: runs like it rarely came back, or not this soon; see `residency`);
+2. a batch run still in its tool call, or idle but expected back (resident): its next turn will
+   queue behind the turns held now;
 3. a batch run whose next turn is held now;
-4. an interactive run still in its tool call;
+4. an interactive run still in its tool call, or idle but expected back;
 5. an interactive run whose next turn is held now: it goes next.
 
 Within a group, the run that will be wanted last goes first: in a tool call, the one paused
@@ -48,7 +50,7 @@ def _run_wanted(state: State, replica: Replica, run_id: str) -> tuple[int, float
     holder = state.runs.get(run_id) if run_id else None
     if holder is None or holder.replica != replica.id or holder.phase is Phase.GENERATING:
         return 0, 0.0
-    if holder.phase is Phase.IDLE:
+    if holder.phase is Phase.IDLE and not holder.resident:
         return 1, 0.0
     interactive = holder.service_class is ServiceClass.INTERACTIVE
     held = state.held_by_run.get(holder.id)
