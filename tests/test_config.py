@@ -163,3 +163,16 @@ def test_kv_tokens_and_max_running_describe_a_batching_engine() -> None:
 def test_kv_tokens_and_max_running_must_be_counts(extra: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config(engine("a", **extra))
+
+
+def test_generative_models_are_sorted_once_each_without_single_pass_ones() -> None:
+    config = parse_config(
+        {
+            "endpoints": [
+                {"id": "a", "url": "http://a:1", "models": ["zeta", "alpha"]},
+                {"id": "b", "url": "http://b:1", "models": ["alpha"]},
+                {"id": "c", "url": "http://c:1", "models": ["clf"], "kind": "single-pass"},
+            ]
+        }
+    )
+    assert config.generative_models() == ("alpha", "zeta")

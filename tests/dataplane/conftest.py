@@ -118,3 +118,60 @@ async def running_stack(
 async def stack() -> AsyncIterator[Stack]:
     async with running_stack() as s:
         yield s
+
+
+@dataclass
+class Lone:
+    """A dataplane whose scheduler is not running (yet) on `grpc_port`."""
+
+    app: web.Application
+    url: str
+    http: aiohttp.ClientSession
+    grpc_port: int
+    scheduler: FakeScheduler
+    grpc_server: grpc.aio.Server | None = None
+
+    @property
+    def dp(self) -> Dataplane:
+        return self.app[DATAPLANE]
+
+    async def start_scheduler(self) -> None:
+        self.grpc_server, _ = await start_scheduler(self.scheduler, self.grpc_port)
+
+    async def get(self, path: str) -> tuple[int, Any]:
+        async with self.http.get(self.url + path) as resp:
+            return resp.status, await resp.json()
+
+
+@asynccontextmanager
+async def lone_dataplane(
+    *,
+    config_models: tuple[str, ...] | None = None,
+    models_hold_seconds: float = 30.0,
+    token: bytes | None = None,
+) -> AsyncIterator[Lone]:
+    """A dataplane started before its scheduler; `start_scheduler` brings a fake one up."""
+    grpc_port = closed_port()
+    app = build_app(
+        scheduler=f"127.0.0.1:{grpc_port}",
+        dataplane_id="dp-lone",
+        reconnect_delay=0.05,
+        token=token,
+        config_models=config_models,
+        models_hold_seconds=models_hold_seconds,
+    )
+    runner, port = await start_server(app, "127.0.0.1", 0)
+    lone = Lone(
+        app=app,
+        url=f"http://127.0.0.1:{port}",
+        http=aiohttp.ClientSession(),
+        grpc_port=grpc_port,
+        scheduler=FakeScheduler(),
+    )
+    try:
+        yield lone
+    finally:
+        await lone.http.close()
+        await runner.cleanup()
+        if lone.grpc_server is not None:
+            await lone.grpc_server.stop(0)

@@ -23,8 +23,8 @@ def test_only_the_exact_bearer_token_passes() -> None:
     assert not bearer_ok("Bearer \udcff\udcfe", TOKEN)  # bytes that were not UTF-8
 
 
-def test_health_and_metrics_are_open_everything_else_is_protected() -> None:
-    assert not protected("/health") and not protected("/metrics")
+def test_health_ready_and_metrics_are_open_everything_else_is_protected() -> None:
+    assert not protected("/health") and not protected("/ready") and not protected("/metrics")
     for path in ("/v1/chat/completions", "/v1/decide", "/v1/models", "/v1/nothing", "/", "//v1"):
         assert protected(path)
 

@@ -157,23 +157,6 @@ async def test_turn_is_held_while_the_scheduler_is_down_and_admitted_once_it_is_
     assert "run-old" in {r.run_id for r in stack.scheduler.resyncs[-1].runs}
 
 
-async def test_models_come_from_the_scheduler_in_openai_list_shape(stack: Stack) -> None:
-    async with asyncio.timeout(10), stack.http.get(stack.url + "/v1/models") as resp:
-        body = await resp.json()
-    assert resp.status == 200
-    assert body == {
-        "object": "list",
-        "data": [{"id": "sim-model", "object": "model", "created": 0, "owned_by": "luftpause"}],
-    }
-
-
-async def test_models_answer_503_json_while_the_scheduler_is_down(stack: Stack) -> None:
-    await stack.stop_scheduler()
-    async with asyncio.timeout(10), stack.http.get(stack.url + "/v1/models") as resp:
-        body = await resp.json()
-    assert resp.status == 503 and body["error"]["message"].startswith("scheduler")
-
-
 async def test_deleting_a_run_reports_its_end_and_forgets_it(stack: Stack) -> None:
     async with asyncio.timeout(10):
         await stack.post(stack.chat(), **{"x-luftpause-run-id": "run-done"})

@@ -13,6 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc, free_port, free_ports_in_a_row
+from luftpause.up import front, parse_args, plan
 
 
 @dataclass
@@ -90,6 +91,7 @@ async def test_up_serves_completions_and_stops_everything_on_sigterm(up: Up) -> 
     text = up.log.read_text()
     assert f"base_url: http://127.0.0.1:{up.dataplane}/v1" in text
     assert "luftpause fake-engine --port" in text  # each child's own command line is printed
+    assert "--profile gpu" in text  # simulated engines answer fast unless told otherwise
     assert up.proc.proc is not None
     up.proc.proc.send_signal(signal.SIGTERM)
     async with asyncio.timeout(30):
@@ -106,3 +108,33 @@ async def test_up_stops_the_whole_stack_when_a_child_dies(up: Up) -> None:
         assert await up.proc.proc.wait() == 1
     await _gone(children)
     assert "scheduler exited with code -9; stopping the whole stack" in up.log.read_text()
+
+
+def test_up_simulates_gpu_engines_unless_told_to_use_the_cpu_profile(tmp_path: Path) -> None:
+    state = ["--state-dir", str(tmp_path)]
+    for argv, profile in ((state, "gpu"), ([*state, "--engine-profile", "cpu"], "cpu")):
+        where = front(parse_args(argv, {}))
+        assert len(where.engines) == 2 and where.models == ("luftpause-sim",)
+        for engine in where.engines:
+            assert engine.args[engine.args.index("--profile") + 1] == profile
+
+
+def test_up_with_a_config_starts_no_engines_and_hands_the_file_on(tmp_path: Path) -> None:
+    config = tmp_path / "endpoints.yaml"
+    config.write_text(
+        "endpoints:\n"
+        "  - {id: a, url: 'http://127.0.0.1:1', models: [zeta, alpha]}\n"
+        "  - {id: c, url: 'http://127.0.0.1:2', models: [clf], kind: single-pass}\n"
+    )
+    args = parse_args(["--config", str(config), "--state-dir", str(tmp_path / "state")], {})
+    where = front(args)
+    assert where.engines == () and where.models == ("alpha", "zeta")
+    groups = plan(args, where)
+    children = {c.name: c for group in groups for c in group}
+    assert set(children) == {"fake-mcp", "scheduler", "dataplane", "runtime"}
+    for name in ("scheduler", "dataplane"):
+        assert children[name].args[children[name].args.index("--config") + 1] == str(config)
+        assert children[name].ready_url.endswith("/ready")
+    runtime = children["runtime"].args
+    assert runtime[runtime.index("--model") + 1] == "alpha"
+    assert not (tmp_path / "state").exists()  # nothing generated

@@ -42,5 +42,6 @@ async def test_with_a_token_mcp_and_status_need_the_bearer() -> None:
         assert (await _call(b"s3cret", path, "Bearer s3cret"))[0] == 200
 
 
-async def test_health_stays_open_with_a_token() -> None:
+async def test_health_and_ready_stay_open_with_a_token() -> None:
     assert (await _call(b"s3cret", "/health", None))[0] == 200
+    assert (await _call(b"s3cret", "/ready", None))[0] == 200

@@ -12,8 +12,9 @@ import httpx2
 import pytest
 from openai import AsyncOpenAI
 
-from luftpause.testkit import loadgen
-from luftpause.testkit.loadgen import Run, Workload, one_run, parse_args, run_workload
+from luftpause.testkit import loadgen_cli
+from luftpause.testkit.loadgen import Run, Workload, one_run, run_workload
+from luftpause.testkit.loadgen_cli import parse_args
 from luftpause.testkit.preambles import GEMMA_PREAMBLE
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
@@ -181,7 +182,7 @@ def test_mcp_mode_without_a_runtime_is_one_line_and_exit_1(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
-    code = loadgen.main(["--mcp-url", url, "--window-s", "1", "--batch", "1"])
+    code = loadgen_cli.main(["--mcp-url", url, "--window-s", "1", "--batch", "1"])
     err = capsys.readouterr().err.strip()
     assert code == 1
     assert err.startswith("loadgen: no runtime answers at") and "\n" not in err

@@ -24,9 +24,9 @@ from luftpause.testkit.loadgen import (
     Run,
     Workload,
     one_run,
-    parse_args,
     run_workload,
 )
+from luftpause.testkit.loadgen_cli import parse_args
 from luftpause.testkit.preambles import (
     GEMMA_PREAMBLE,
     TEXT_TOOL_SYSTEM,

@@ -2,8 +2,11 @@
 
 Shell module. Each child is its own `luftpause <subcommand>` process with the arguments it
 needs (printed at start), so any one of them can be restarted alone with the same command line.
-Ctrl-C or SIGTERM stops all of them; if any child dies, the whole stack stops with a message
-naming it and `up` exits 1.
+Without `--config` the engines are simulated (`luftpause fake-engine`, the `gpu` profile unless
+`--engine-profile cpu`); with `--config FILE` the stack stands in front of the engines the
+endpoint file names and starts none. Each group of children starts once the one before is
+ready (`/ready` where a service has one). Ctrl-C or SIGTERM stops all of them; if any child
+dies, the whole stack stops with a message naming it and `up` exits 1.
 """
 
 from __future__ import annotations
@@ -11,12 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import os
 import shlex
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from luftpause.common import envargs
+from luftpause.common.config import ConfigError, load_config
+from luftpause.testkit.engine.params import GPU_PROFILE, PROFILES
 from luftpause.testkit.procs import ChildFailed, Proc
 
 SIM_MODEL = "luftpause-sim"
@@ -29,23 +37,43 @@ class Child:
     ready_url: str
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="luftpause up", description=__doc__)
-    p.add_argument("--state-dir", default="state", help="where the generated config lives")
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="endpoint file: stand in front of these engines instead of simulated ones",
+    )
+    p.add_argument(
+        "--state-dir",
+        default="state",
+        help="where the generated endpoint file and the runtime's journal live",
+    )
     p.add_argument("--engines", type=int, default=2, help="simulated engines (default 2)")
     p.add_argument("--engine-port", type=int, default=9001, help="first engine's port")
+    p.add_argument(
+        "--engine-profile",
+        choices=tuple(PROFILES),
+        default=GPU_PROFILE.name,
+        help="the simulated engines' profile (fake-engine --profile; default gpu: fast replies)",
+    )
     p.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
         help="simulated engines run this many times faster than real time",
     )
-    p.add_argument("--dataplane-port", type=int, default=8080)
-    p.add_argument("--grpc-port", type=int, default=5000)
-    p.add_argument("--http-port", type=int, default=5001)
-    p.add_argument("--mcp-port", type=int, default=9100)
-    p.add_argument("--runtime-port", type=int, default=7000)
-    return p.parse_args(argv)
+    p.add_argument("--dataplane-port", type=int, default=8080, help="the dataplane's port")
+    p.add_argument("--grpc-port", type=int, default=5000, help="the scheduler's gRPC port")
+    p.add_argument("--http-port", type=int, default=5001, help="the scheduler's HTTP port")
+    p.add_argument("--mcp-port", type=int, default=9100, help="the fake MCP server's port")
+    p.add_argument("--runtime-port", type=int, default=7000, help="the runtime's port")
+    return p
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Options from argv, each defaulting from its `LUFTPAUSE_*` variable."""
+    return envargs.parse_args(build_parser(), argv, os.environ if environ is None else environ)
 
 
 def write_config(path: Path, engines: list[tuple[str, int]]) -> None:
@@ -63,39 +91,55 @@ def write_config(path: Path, engines: list[tuple[str, int]]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def plan(args: argparse.Namespace) -> list[list[Child]]:
-    """The children in start order: each group starts together once the previous is ready."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Front:
+    """What the stack stands in front of: its endpoint file, the models it serves, and the
+    simulated engines to start first (none when the file is the user's)."""
+
+    config: Path
+    models: tuple[str, ...]
+    engines: tuple[Child, ...]
+
+
+def front(args: argparse.Namespace) -> Front:
+    """The user's endpoint file (`--config`), or simulated engines and a file naming them."""
+    if args.config:
+        models = load_config(args.config).generative_models()
+        return Front(config=Path(args.config), models=models, engines=())
     engines = [(f"engine-{chr(ord('a') + i)}", args.engine_port + i) for i in range(args.engines)]
     config = Path(args.state_dir) / "endpoints.yaml"
     write_config(config, engines)
-    scale = ("--time-scale", str(args.time_scale))
-    first = [
+    sim = ("--model", SIM_MODEL, "--profile", args.engine_profile, "--time-scale")
+    children = tuple(
         Child(
             name=eid,
-            args=("fake-engine", "--port", str(port), "--id", eid, "--model", SIM_MODEL, *scale),
+            args=("fake-engine", "--port", str(port), "--id", eid, *sim, str(args.time_scale)),
             ready_url=f"http://127.0.0.1:{port}/health",
         )
         for eid, port in engines
-    ]
-    first.append(
-        Child(
-            name="fake-mcp",
-            args=("fake-mcp", "--port", str(args.mcp_port)),
-            ready_url=f"http://127.0.0.1:{args.mcp_port}/health",
-        )
+    )
+    return Front(config=config, models=(SIM_MODEL,), engines=children)
+
+
+def plan(args: argparse.Namespace, where: Front) -> list[list[Child]]:
+    """The children in start order: each group starts together once the previous is ready."""
+    fake_mcp = Child(
+        name="fake-mcp",
+        args=("fake-mcp", "--port", str(args.mcp_port)),
+        ready_url=f"http://127.0.0.1:{args.mcp_port}/health",
     )
     scheduler = Child(
         name="scheduler",
         args=(
             "scheduler",
             "--config",
-            str(config),
+            str(where.config),
             "--grpc-port",
             str(args.grpc_port),
             "--http-port",
             str(args.http_port),
         ),
-        ready_url=f"http://127.0.0.1:{args.http_port}/health",
+        ready_url=f"http://127.0.0.1:{args.http_port}/ready",
     )
     dataplane = Child(
         name="dataplane",
@@ -106,12 +150,13 @@ def plan(args: argparse.Namespace) -> list[list[Child]]:
             "--scheduler",
             f"127.0.0.1:{args.grpc_port}",
             "--config",
-            str(config),
+            str(where.config),
         ),
-        ready_url=f"http://127.0.0.1:{args.dataplane_port}/health",
+        ready_url=f"http://127.0.0.1:{args.dataplane_port}/ready",
     )
-    groups = [first, [scheduler], [dataplane]]
+    groups = [[*where.engines, fake_mcp], [scheduler], [dataplane]]
     if importlib.util.find_spec("luftpause.runtime.main") is not None:
+        model = where.models[0] if where.models else SIM_MODEL
         groups.append(
             [
                 Child(
@@ -124,8 +169,12 @@ def plan(args: argparse.Namespace) -> list[list[Child]]:
                         f"http://127.0.0.1:{args.dataplane_port}",
                         "--mcp-server",
                         f"http://127.0.0.1:{args.mcp_port}/mcp",
+                        "--model",
+                        model,
+                        "--state-dir",
+                        args.state_dir,
                     ),
-                    ready_url=f"http://127.0.0.1:{args.runtime_port}/health",
+                    ready_url=f"http://127.0.0.1:{args.runtime_port}/ready",
                 )
             ]
         )
@@ -136,14 +185,14 @@ def _say(text: str) -> None:
     print(f"luftpause up: {text}", file=sys.stderr, flush=True)
 
 
-async def _run(args: argparse.Namespace) -> int:
+async def _run(args: argparse.Namespace, where: Front) -> int:
     procs: list[Proc] = []
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        for group in plan(args):
+        for group in plan(args, where):
             if stop.is_set():
                 return 0
             started = []
@@ -161,7 +210,7 @@ async def _run(args: argparse.Namespace) -> int:
                     for p, c in zip(started, group, strict=True)
                 )
             )
-        _say(_banner(args))
+        _say(_banner(args, where.models))
         return await _watch(procs, stop)
     except ChildFailed as exc:
         _say(f"{exc}; stopping the stack")
@@ -188,19 +237,21 @@ async def _watch(procs: list[Proc], stop: asyncio.Event) -> int:
     return 0
 
 
-def _banner(args: argparse.Namespace) -> str:
+def _banner(args: argparse.Namespace, models: tuple[str, ...]) -> str:
     base = f"http://127.0.0.1:{args.dataplane_port}/v1"
+    model = models[0] if models else SIM_MODEL
     return "\n".join(
         [
             "the stack is up.",
-            f"  OpenAI-compatible base_url: {base}   (model: {SIM_MODEL}, any api_key)",
+            f"  OpenAI-compatible base_url: {base}   (models: {', '.join(models) or 'none'}, "
+            + "any api_key)",
             f"  scheduler status page:      http://127.0.0.1:{args.http_port}/",
             f"  MCP runtime (sub-agents):   http://127.0.0.1:{args.runtime_port}/mcp",
             f"  fake MCP tools:             http://127.0.0.1:{args.mcp_port}/mcp",
             "  try: python -c \"from openai import OpenAI; c = OpenAI(base_url='"
             + base
             + "', api_key='x'); print(c.chat.completions.create(model='"
-            + SIM_MODEL
+            + model
             + "', messages=[{'role': 'user', 'content': 'hi'}]).choices[0].message.content)\"",
             "  Ctrl-C stops everything.",
         ]
@@ -209,4 +260,10 @@ def _banner(args: argparse.Namespace) -> str:
 
 def main(argv: list[str]) -> int:
     """Run the local stack until Ctrl-C or until a child dies."""
-    return asyncio.run(_run(parse_args(argv)))
+    args = parse_args(argv)
+    try:
+        where = front(args)
+    except ConfigError as exc:
+        print(f"luftpause up: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(args, where))

@@ -34,16 +34,14 @@ text, then the protocol text or the gemma preamble's system text, a blank line b
 
 Output: JSON with one record per run and a summary per class: runs/min (runs finished inside
 the window), run time p50/p99, TTFT p50/p99, share of prompt tokens from cache, errors, and
-Jain's fairness index over callers' completed runs.
+Jain's fairness index over callers' completed runs. The command line is `loadgen_cli`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -334,110 +332,3 @@ async def run_workload(wl: Workload) -> dict[str, Any]:
         for r in runs
     ]
     return {"workload": asdict(wl), "summary": summary, "runs": records}
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="luftpause loadgen", description=__doc__)
-    p.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
-    p.add_argument(
-        "--mcp-url",
-        help="drive sub-agents through this runtime's spawn/await instead (…/mcp); the "
-        "options for a base model, the tool style and the shared prefix do not apply",
-    )
-    p.add_argument("--model", default="luftpause-sim")
-    p.add_argument("--interactive", type=int, default=4, help="interactive agents")
-    p.add_argument("--batch", type=int, default=16, help="batch agents")
-    p.add_argument("--context-chars", type=int, default=8000)
-    p.add_argument("--tool-calls", type=int, default=3, help="tool calls per run (at most)")
-    p.add_argument("--tool-seconds", type=float, default=1.0)
-    p.add_argument("--window-s", type=float, default=60.0)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--callers", type=int, default=4, help="distinct x-luftpause-caller values")
-    p.add_argument("--max-tokens", type=int, default=64, help="max_tokens of every turn")
-    p.add_argument(
-        "--preamble",
-        choices=sorted(PREAMBLES),
-        default="none",
-        help="example messages at the start of every run (gemma: for a base model)",
-    )
-    p.add_argument(
-        "--keep-tools",
-        action="store_true",
-        help="offer tools on every turn; tool_choice none once the calls are spent",
-    )
-    p.add_argument("--temperature", type=float, help="sampling temperature (engine default)")
-    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    p.add_argument(
-        "--tool-style",
-        choices=TOOL_STYLES,
-        default="openai",
-        help="openai: tool_calls and tool messages; text: <tool_call> blocks in the content, "
-        "results as user messages, no tools offered",
-    )
-    p.add_argument(
-        "--shared-prefix-chars",
-        type=int,
-        default=0,
-        metavar="N",
-        help="open every run of every agent with the same N characters of system text",
-    )
-    return p
-
-
-def parse_args(argv: list[str]) -> Workload:
-    p = _parser()
-    return _workload(p, p.parse_args(argv))
-
-
-def _shared(a: argparse.Namespace) -> dict[str, Any]:
-    """The options both kinds of load take."""
-    return {
-        "model": a.model,
-        "interactive": a.interactive,
-        "batch": a.batch,
-        "context_chars": a.context_chars,
-        "tool_calls": a.tool_calls,
-        "window_s": a.window_s,
-        "seed": a.seed,
-        "callers": max(a.callers, 1),
-        "max_tokens": a.max_tokens,
-    }
-
-
-def _workload(p: argparse.ArgumentParser, a: argparse.Namespace) -> Workload:
-    """The workload the options ask for; an impossible combination exits with usage (2)."""
-    try:
-        return Workload(
-            base_url=a.base_url,
-            tool_seconds=a.tool_seconds,
-            preamble=a.preamble,
-            keep_tools=a.keep_tools,
-            temperature=a.temperature,
-            stop=tuple(a.stop),
-            tool_style=a.tool_style,
-            shared_prefix_chars=a.shared_prefix_chars,
-            **_shared(a),
-        )
-    except ValueError as exc:
-        p.error(str(exc))
-
-
-def main(argv: list[str]) -> int:
-    """Run the workload and print its JSON (records and summary) to stdout."""
-    p = _parser()
-    a = p.parse_args(argv)
-    result: dict[str, Any]
-    if a.mcp_url:
-        from luftpause.testkit.mcp_loadgen import McpWorkload, RuntimeUnreachable, run_mcp_workload
-
-        try:
-            result = asyncio.run(run_mcp_workload(McpWorkload(url=a.mcp_url, **_shared(a))))
-        except RuntimeUnreachable as exc:
-            print(f"loadgen: {exc}", file=sys.stderr)
-            return 1
-    else:
-        result = asyncio.run(run_workload(_workload(p, a)))
-    json.dump(result, sys.stdout, indent=1)
-    print(file=sys.stderr)
-    print(json.dumps(result["summary"], indent=1), file=sys.stderr)
-    return 0

@@ -12,7 +12,7 @@ import hmac
 from collections.abc import Mapping
 
 TOKEN_ENV = "LUFTPAUSE_TOKEN"
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 

@@ -38,7 +38,14 @@ run out of KV blocks, not for an arrival, so leave it false there unless your ve
 On a preemptive endpoint batch turns need not keep slots for paused interactive runs, and an
 interactive turn is placed even when the engine is full: the engine makes its room.
 
-Engine slots (`slots`). llama.cpp's server keeps one conversation's KV cache per slot
+Engine slots (`slots`). Leave it unset for a llama.cpp build with its host-memory prompt cache
+(`--cache-ram`, on by default in recent builds): a request that names no slot gets the idle slot
+most like it, and the context it displaces is kept in host memory and loaded back when its run
+returns, which did as well as naming slots with tool-calling agents and better with agents that
+send tool results as plain messages (bench/results/matrix_slots.json; by llama.cpp's source, a
+request naming an idle slot whose content is at least half a prefix of its prompt skips that
+cache). Set it for builds without one.
+llama.cpp's server keeps one conversation's KV cache per slot
 (`--parallel N` slots) and, left to choose, gives a new request the idle slot whose content
 shares the longest prefix with it. Runs that share a preamble all look alike to it, so a new run
 often overwrites the slot of a run paused on a tool, which then reads its whole context again.
@@ -216,6 +223,11 @@ class Config:
 
     def endpoint(self, endpoint_id: str) -> Endpoint | None:
         return next((e for e in self.endpoints if e.id == endpoint_id), None)
+
+    def generative_models(self) -> tuple[str, ...]:
+        """The models the generative endpoints serve, sorted, each once."""
+        generative = (e for e in self.endpoints if e.kind is EndpointKind.GENERATIVE)
+        return tuple(sorted({m for e in generative for m in e.models}))
 
 
 def is_base_url(value: str) -> bool:

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiohttp import web
 
 from luftpause.dataplane import wire
-from luftpause.dataplane.context import DATAPLANE, DEFAULT_MAX_BODY_BYTES, Dataplane
+from luftpause.dataplane.context import (
+    DATAPLANE,
+    DEFAULT_MAX_BODY_BYTES,
+    MODELS_HOLD_SECONDS,
+    Dataplane,
+)
 from luftpause.dataplane.decide import decide
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.forwarding import RUN_ID_HEADER
@@ -26,18 +31,12 @@ from luftpause.dataplane.middleware import (
     identity_middleware,
     json_error,
 )
+from luftpause.dataplane.models import list_models
 from luftpause.dataplane.proxy import chat_completions
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
 
 PRUNE_SECONDS = 60.0
-
-
-async def list_models(request: web.Request) -> web.Response:
-    """`GET /v1/models` from the scheduler's ListModels, in OpenAI's list shape."""
-    models = await request.app[DATAPLANE].link.list_models()
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "luftpause"} for m in models]
-    return web.json_response({"object": "list", "data": data})
 
 
 async def end_run(request: web.Request) -> web.Response:
@@ -56,7 +55,26 @@ async def end_run(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Liveness: 200 while the process serves."""
     return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 503 until the first Session to the scheduler is up, then 200, saying in its
+    body whether the scheduler is reachable now.
+
+    Once it has reached its scheduler, a dataplane holds turns through the scheduler's later
+    absences (a restart, a moved pod) and places them when it is back, as the failure table
+    promises; reporting not ready then would take it out of its Service, and a held turn
+    would become a refused connection.
+    """
+    link = request.app[DATAPLANE].link
+    if link.ready:
+        return web.json_response({"status": "ready", "scheduler": "connected"})
+    reason = f"scheduler unreachable at {link.target}: {link.down_reason}"
+    if link.ever_up:
+        return web.json_response({"status": "ready", "scheduler": f"{reason}; turns are held"})
+    return json_error(503, reason)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -82,12 +100,15 @@ def build_app(
     reconnect_delay: float = RECONNECT_SECONDS,
     token: bytes | None = None,
     local_placement: bool = True,
+    config_models: Sequence[str] | None = None,
+    models_hold_seconds: float = MODELS_HOLD_SECONDS,
 ) -> web.Application:
     """The app; the link and the engine transport open on startup and close on cleanup.
 
-    With `token`, every route but `/health` and `/metrics` needs `Authorization: Bearer`.
-    Without `local_placement`, every turn waits for the scheduler's placement, open replicas
-    or not.
+    With `token`, every route but `/health`, `/ready` and `/metrics` needs `Authorization:
+    Bearer`. Without `local_placement`, every turn waits for the scheduler's placement, open
+    replicas or not. `config_models` (the endpoint file's) answer `GET /v1/models` while the
+    scheduler cannot be reached; without them that request waits `models_hold_seconds` for it.
     """
     runs = RunTable()
     guards = [error_middleware, *([auth_middleware(token)] if token else []), identity_middleware]
@@ -106,6 +127,9 @@ def build_app(
             api_keys=dict(api_keys or {}),
             max_body_bytes=max_body_bytes,
             local_placement=local_placement,
+            config_models=None if config_models is None else tuple(config_models),
+            models_hold_seconds=models_hold_seconds,
+            models_retry_seconds=reconnect_delay,
         )
         app[DATAPLANE] = dp
         link.start()
@@ -123,6 +147,7 @@ def build_app(
     app.router.add_get("/v1/models", list_models)
     app.router.add_delete("/v1/runs/{id}", end_run)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     return app
 

@@ -24,12 +24,14 @@ from luftpause.dataplane.transport import EngineTransport
 from luftpause.dataplane.turn import Turn
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# How long `GET /v1/models` waits for an unreachable scheduler when there is no endpoint file.
+MODELS_HOLD_SECONDS = 30.0
 
 
 @dataclass(kw_only=True, slots=True)
 class Dataplane:
     """Scheduler link, engine transport, the run table and tool call memory, metrics, keys,
-    and the order of saved slot context calls.
+    the order of saved slot context calls, and the endpoint file's models.
     """
 
     dataplane_id: str
@@ -46,6 +48,11 @@ class Dataplane:
     openings: OpeningMemory = field(default_factory=OpeningMemory)
     # Saved slot contexts: the engine's calls on one file in the order turns were placed.
     slot_order: FileOrder = field(default_factory=FileOrder)
+    # What `GET /v1/models` lists while the scheduler cannot be reached (the endpoint file's
+    # generative models; None without a file: the request waits for the scheduler instead).
+    config_models: tuple[str, ...] | None = None
+    models_hold_seconds: float = MODELS_HOLD_SECONDS
+    models_retry_seconds: float = 1.0
     clock: Callable[[], float] = time.monotonic
     # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique
     # across dataplanes and restarts as uuid4s are, without a getrandom call per turn.

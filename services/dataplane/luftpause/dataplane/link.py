@@ -64,6 +64,8 @@ LAZY_FLUSH_SECONDS = 0.5
 # scheduler's counts lag by this much at most; its probes see the engines every 2 s).
 PLACED_FLUSH_SECONDS = 0.005
 _LAZY = frozenset({"started", "first_token"})
+# What a call's status says when the scheduler was not reached (or did not answer in time).
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 _WAKE = pb.DataplaneItem()  # wakes the writer to send the lazy events; never sent itself
 
 # The channel's own reconnect backoff grows to minutes by default; hold it at our 1 s pace.
@@ -106,11 +108,18 @@ class SchedulerLink:
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.SchedulerStub | None = None
         self._task: asyncio.Task[None] | None = None
+        self._down_reason = "no session opened yet"
+        self._ever_up = False
 
     @property
     def ready(self) -> bool:
         """True while a session is up (resynced, Session open)."""
         return self._ready.is_set()
+
+    @property
+    def ever_up(self) -> bool:
+        """A session has been up since this link started."""
+        return self._ever_up
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -199,15 +208,21 @@ class SchedulerLink:
             if self._waiting.get(turn_id, (None, None))[1] is fut:
                 del self._waiting[turn_id]
 
-    async def list_models(self) -> list[str]:
-        """Model ids served by generative replicas, from the scheduler."""
+    async def list_models(self, timeout: float = RPC_TIMEOUT_SECONDS) -> list[str]:
+        """Model ids the scheduler serves; `SchedulerUnavailable` when it cannot be reached."""
         try:
-            reply = await self._require_stub().ListModels(
-                pb.ListModelsRequest(), timeout=RPC_TIMEOUT_SECONDS
-            )
+            reply = await self._require_stub().ListModels(pb.ListModelsRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as exc:
-            raise SchedulerUnavailable(f"scheduler: {exc.code().name}: {exc.details()}") from exc
+            reason = f"{exc.code().name}: {exc.details()}"
+            if exc.code() in _UNREACHABLE:
+                raise SchedulerUnavailable(reason) from exc
+            raise SchedulerError(f"scheduler: {reason}") from exc
         return [m.id for m in reply.models]
+
+    @property
+    def down_reason(self) -> str:
+        """Why no session is up: the last error seen, or that none was opened yet."""
+        return self._down_reason
 
     def _require_stub(self) -> pb_grpc.SchedulerStub:
         if self._stub is None:
@@ -220,8 +235,12 @@ class SchedulerLink:
                 await self._session()
             except grpc.aio.AioRpcError as exc:
                 log.warning("scheduler link down", code=exc.code().name, details=exc.details())
+                self._down_reason = f"{exc.code().name}: {exc.details()}"
             except Exception as exc:  # a write on a finished call, and the like
                 log.warning("scheduler link down", error=repr(exc))
+                self._down_reason = repr(exc)
+            else:
+                self._down_reason = "the scheduler ended the session"
             self._ready.clear()
             if not self._closing:
                 await asyncio.sleep(self._reconnect_delay)
@@ -239,6 +258,7 @@ class SchedulerLink:
             for request, _ in self._waiting.values():
                 self._queue.put_nowait(pb.DataplaneItem(admit=request))
             self._ready.set()
+            self._ever_up = True
             log.info(
                 "scheduler link up",
                 target=self.target,

@@ -1,6 +1,7 @@
 """`luftpause dataplane`: the OpenAI-compatible proxy process.
 
-Shell module: options and logging; `common.runner` gives the uvloop event loop and signals.
+Shell module: options (each also from its `LUFTPAUSE_*` variable, see `common.envargs`) and
+logging; `common.runner` gives the uvloop event loop and signals.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from luftpause.common import envargs
 from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.config import Config, ConfigError, load_config
 from luftpause.common.logs import setup_logging
@@ -19,28 +21,35 @@ from luftpause.common.runner import run_async
 from luftpause.dataplane.app import build_app, start_server
 from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES
 
+# The names these options were read from before every option had its own variable.
+ENV_ALIASES = {"LUFTPAUSE_PORT": ("LUFTPAUSE_DATAPLANE_PORT",)}
 
-def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """Command-line options; ports and the scheduler address default from the environment."""
-    env = os.environ if environ is None else environ
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="luftpause dataplane", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument(
-        "--port", type=int, default=int(env.get("LUFTPAUSE_DATAPLANE_PORT", "8080"))
-    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8080, help="port to listen on")
     parser.add_argument(
         "--scheduler",
         metavar="HOST:PORT",
-        default=env.get("LUFTPAUSE_SCHEDULER", "127.0.0.1:5000"),
+        default="127.0.0.1:5000",
         help="the scheduler's gRPC address",
     )
     parser.add_argument(
-        "--config", metavar="PATH", help="endpoint file; used for engine API keys by replica id"
+        "--config",
+        metavar="PATH",
+        help="endpoint file: engine API keys by replica id, and the models `GET /v1/models` "
+        "lists while the scheduler cannot be reached",
     )
     parser.add_argument(
-        "--id", dest="dataplane_id", default=f"{socket.gethostname()}-{os.getpid()}"
+        "--id",
+        dest="dataplane_id",
+        default=f"{socket.gethostname()}-{os.getpid()}",
+        help="this dataplane's id at the scheduler",
     )
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument(
+        "--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="largest request body"
+    )
     parser.add_argument(
         "--no-local-placement",
         dest="local_placement",
@@ -48,7 +57,13 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
         help="ask the scheduler for every turn, even when a replica is open (uncapped); "
         "for deployments that spread one run's turns across several dataplanes",
     )
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Options from argv, each defaulting from its `LUFTPAUSE_*` variable."""
+    env = os.environ if environ is None else environ
+    return envargs.parse_args(build_parser(), argv, env, aliases=ENV_ALIASES)
 
 
 def engine_keys(config: Config, environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -61,6 +76,7 @@ async def serve(
     api_keys: Mapping[str, str],
     stop: asyncio.Event,
     environ: Mapping[str, str] | None = None,
+    config_models: Sequence[str] | None = None,
 ) -> None:
     """Run the dataplane until `stop` is set."""
     log = setup_logging("dataplane")
@@ -74,6 +90,7 @@ async def serve(
         max_body_bytes=args.max_body_bytes,
         token=token,
         local_placement=args.local_placement,
+        config_models=config_models,
     )
     runner, port = await start_server(app, args.host, args.port)
     log.info(
@@ -97,6 +114,7 @@ def main(argv: list[str]) -> int:
     """Entry point for `luftpause dataplane`."""
     args = parse_args(argv)
     api_keys: dict[str, str] = {}
+    models: tuple[str, ...] | None = None
     if args.config:
         try:
             config = load_config(args.config)
@@ -104,4 +122,7 @@ def main(argv: list[str]) -> int:
             print(f"luftpause dataplane: {exc}", file=sys.stderr)
             return 2
         api_keys = engine_keys(config)
-    return run_async(lambda stop: serve(args, api_keys, stop), name="dataplane")
+        models = config.generative_models()
+    return run_async(
+        lambda stop: serve(args, api_keys, stop, config_models=models), name="dataplane"
+    )

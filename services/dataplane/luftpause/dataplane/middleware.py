@@ -7,7 +7,8 @@ Shell module. In `build_app` order, outermost first:
   rest: aiohttp's own 404 / 405 / 413, our errors raised past a handler, and anything
   unexpected, which is logged with its stack and answered 500 without it.
 - `auth_middleware(token)`: 401 with `WWW-Authenticate: Bearer` unless the request carries the
-  token (the decision is `common.auth.bearer_ok`); `/health` and `/metrics` stay open.
+  token (the decision is `common.auth.bearer_ok`); `/health`, `/ready` and `/metrics` stay
+  open.
 - `identity_middleware`: a run id that is not UTF-8 or too long, or an unknown class, is a 400
   before any handler reads it (aiohttp hands header bytes that are not UTF-8 over as surrogate
   escapes, which protobuf refuses to encode).

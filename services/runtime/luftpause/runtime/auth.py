@@ -1,8 +1,8 @@
 """Bearer auth for the runtime's HTTP surface (`/mcp`, `/status`), as an ASGI wrapper.
 
 Shell module (an ASGI middleware; the decision is `common.auth.bearer_ok`). With a token, every
-HTTP request but `/health` needs `Authorization: Bearer <token>` and otherwise gets 401 with a
-JSON error and `WWW-Authenticate: Bearer`; without one, everything passes (the runtime's
+HTTP request but `/health` and `/ready` needs `Authorization: Bearer <token>` and otherwise gets
+401 with a JSON error and `WWW-Authenticate: Bearer`; without one, everything passes (the runtime's
 `main` logs a warning). The same token is what the runtime sends to the dataplane.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from luftpause.common.auth import CHALLENGE, bearer_ok
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ready"})
 
 Scope = dict[str, Any]
 Receive = Any

@@ -6,6 +6,10 @@ Shell module. Serves on one port:
     POST/GET/DELETE /mcp   MCP Streamable HTTP (spawn, await, run, status, cancel, approve,
                            decide, tools)
     GET /status            the run tree with each run's own work and subtree totals
+    GET /health            liveness: 200 while the process serves
+    GET /ready             readiness: 200 while the dataplane answers its own /ready
+
+Every option can also come from its `LUFTPAUSE_*` variable (`common.envargs`).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +27,13 @@ from typing import Any
 import structlog
 import uvicorn
 
+from luftpause.common import envargs
 from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.runtime.auth import BearerAuth
 from luftpause.runtime.llm import Llm
+from luftpause.runtime.readiness import DataplaneReadiness
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, spec_from
 from luftpause.runtime.store import JournalFile
@@ -55,11 +61,10 @@ class RuntimeConfig:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
 
 
-def parse_args(argv: list[str]) -> RuntimeConfig:
-    """Build the config from argv (the subcommand name already removed)."""
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="luftpause runtime", description="The MCP runtime.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=7000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=7000, help="port to listen on")
     p.add_argument("--dataplane", default="http://127.0.0.1:8080", help="dataplane base URL")
     p.add_argument(
         "--mcp-server",
@@ -75,14 +80,17 @@ def parse_args(argv: list[str]) -> RuntimeConfig:
         metavar="COMMAND",
         help='upstream MCP server over stdio, as one command line ("cmd arg ..."); repeatable',
     )
-    p.add_argument(
-        "--state-dir",
-        default=os.environ.get("LUFTPAUSE_STATE_DIR", "state"),
-        help="where runs.jsonl lives (env LUFTPAUSE_STATE_DIR; default state)",
-    )
+    p.add_argument("--state-dir", default="state", help="where runs.jsonl lives")
     p.add_argument("--model", default="luftpause-sim", help="default model for spawn")
     p.add_argument("--decide-model", help="single-pass model for decide without labels")
-    ns = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> RuntimeConfig:
+    """Build the config from argv (the subcommand name already removed) and the environment."""
+    p = build_parser()
+    env = os.environ if environ is None else environ
+    ns = envargs.parse_args(p, argv, env, separators={"LUFTPAUSE_MCP_STDIO": "\n"})
     try:
         return RuntimeConfig(
             host=ns.host,
@@ -127,8 +135,13 @@ async def serve(
 
     tasks = TasksExtension(runtime, JournalFile(config.state_dir, TASKS_NAME), spawn)
     await tasks.resume()
+    readiness = DataplaneReadiness(config.dataplane)
     server_ = build_server(
-        runtime, default_model=config.model, decide_model=config.decide_model, extensions=[tasks]
+        runtime,
+        default_model=config.model,
+        decide_model=config.decide_model,
+        extensions=[tasks],
+        readiness=readiness.check,
     )
     app = BearerAuth(
         server_.streamable_http_app(streamable_http_path="/mcp", host=config.host), token
@@ -158,6 +171,7 @@ async def serve(
             await serving
         await upstreams.close()
         await llm.close()
+        await readiness.close()
         log.info("runtime.stopped")
 
 

@@ -1,14 +1,14 @@
 """The MCP face of the runtime: tools spawn, await, run, status, cancel, approve, decide,
-tools; GET /status.
+tools; GET /status, GET /health (liveness) and GET /ready (readiness: its dataplane is ready).
 
-Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus a JSON status
-route. Every tool answers with structured JSON; the work is `runs.Runtime`'s, the questions to
-the user during await and run are `ask`'s.
+Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus JSON status,
+health and readiness routes. Every tool answers with structured JSON; the work is
+`runs.Runtime`'s, the questions to the user during await and run are `ask`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Annotated, Any, Literal
 
@@ -24,6 +24,7 @@ from luftpause.runtime import machine as m
 from luftpause.runtime import tree
 from luftpause.runtime.ask import covering_wait
 from luftpause.runtime.errors import RequestError, TurnError
+from luftpause.runtime.readiness import Verdict
 from luftpause.runtime.runs import Runtime, new_handle
 
 AWAIT_DEFAULT = 60.0
@@ -91,8 +92,10 @@ def build_server(
     default_model: str,
     decide_model: str | None = None,
     extensions: list[Extension] | None = None,
+    readiness: Callable[[], Awaitable[Verdict]] | None = None,
 ) -> MCPServer:
-    """The MCP server with the runtime's tools and the /status route."""
+    """The MCP server with the runtime's tools and its routes; without `readiness`, /ready
+    answers as /health does."""
     server: MCPServer = MCPServer(
         "luftpause-runtime",
         extensions=extensions,
@@ -221,6 +224,14 @@ def build_server(
     async def health_route(request: Request) -> Response:
         """Liveness for probes and orchestrators; open even when auth is on."""
         return JSONResponse({"status": "ok"})
+
+    @server.custom_route("/ready", methods=["GET"])
+    async def ready_route(request: Request) -> Response:
+        """Readiness: 200 while the dataplane answers its own /ready; open like /health."""
+        verdict = None if readiness is None else await readiness()
+        if verdict is None or verdict.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"error": {"message": verdict.message}}, status_code=503)
 
     return server
 

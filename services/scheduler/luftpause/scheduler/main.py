@@ -1,6 +1,10 @@
 """`luftpause scheduler`: gRPC on :5000, HTTP status on :5001, the prober and the clock.
 
-Shell layer: wires the host to its servers and timers and runs until SIGINT/SIGTERM.
+Shell layer: wires the host to its servers and timers and runs until SIGINT/SIGTERM. The
+standard gRPC health service answers SERVING for the server as a whole ("") as soon as it
+runs (liveness), and for `luftpause.v1.Scheduler` only once the prober has applied its first
+round (readiness; NOT_SERVING before, and again while shutting down); HTTP `/health` and
+`/ready` say the same.
 """
 
 from __future__ import annotations
@@ -10,12 +14,15 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import Mapping
 
 import grpc
+import structlog
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from luftpause.common import envargs
 from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import StartupError, run_async
@@ -31,24 +38,19 @@ CLOCK_TICK_S = 1.0
 SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+# The names these options were read from before every option had its own variable.
+ENV_ALIASES = {
+    "LUFTPAUSE_GRPC_PORT": ("LUFTPAUSE_SCHEDULER_GRPC_PORT",),
+    "LUFTPAUSE_HTTP_PORT": ("LUFTPAUSE_SCHEDULER_HTTP_PORT",),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="luftpause scheduler", description=__doc__)
-    p.add_argument(
-        "--config",
-        default=os.environ.get("LUFTPAUSE_CONFIG", "endpoints.yaml"),
-        help="endpoint file (YAML or TOML); env LUFTPAUSE_CONFIG",
-    )
-    p.add_argument("--host", default=os.environ.get("LUFTPAUSE_HOST", "127.0.0.1"))
-    p.add_argument(
-        "--grpc-port",
-        type=int,
-        default=int(os.environ.get("LUFTPAUSE_SCHEDULER_GRPC_PORT", "5000")),
-    )
-    p.add_argument(
-        "--http-port",
-        type=int,
-        default=int(os.environ.get("LUFTPAUSE_SCHEDULER_HTTP_PORT", "5001")),
-    )
+    p.add_argument("--config", default="endpoints.yaml", help="endpoint file (YAML or TOML)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--grpc-port", type=int, default=5000, help="gRPC port")
+    p.add_argument("--http-port", type=int, default=5001, help="HTTP status port")
     p.add_argument(
         "--dataplane-grace",
         type=float,
@@ -66,13 +68,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=PROBE_PERIOD_S,
         help="seconds between probes, also the probe timeout (default 2)",
     )
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Options from argv, each defaulting from its `LUFTPAUSE_*` variable."""
+    env = os.environ if environ is None else environ
+    return envargs.parse_args(build_parser(), argv, env, aliases=ENV_ALIASES)
 
 
 async def _ticker(host: SchedulerHost) -> None:
     while True:
         await asyncio.sleep(CLOCK_TICK_S)
         host.apply(Tick(at=host.now()))
+
+
+async def _serving_once_probed(
+    prober: Prober, servicer: health.aio.HealthServicer, log: structlog.stdlib.BoundLogger
+) -> None:
+    await prober.probed.wait()
+    await servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+    log.info("scheduler ready: engines probed")
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
@@ -95,10 +111,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     except RuntimeError as exc:
         raise StartupError(f"cannot listen for gRPC on {address} (port in use?)") from exc
     await server.start()
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
 
-    runner = web.AppRunner(build_app(host), access_log=None)
+    prober = Prober(host, config.endpoints, period=args.probe_period)
+    runner = web.AppRunner(build_app(host, ready=prober.probed.is_set), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.http_port).start()
@@ -113,8 +130,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         replicas=[e.id for e in config.endpoints],
     )
 
-    prober = Prober(host, config.endpoints, period=args.probe_period)
-    tasks = [asyncio.create_task(prober.run()), asyncio.create_task(_ticker(host))]
+    tasks = [
+        asyncio.create_task(prober.run()),
+        asyncio.create_task(_ticker(host)),
+        asyncio.create_task(_serving_once_probed(prober, health_servicer, log)),
+    ]
     try:
         await stop.wait()
     finally:
@@ -124,6 +144,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await health_servicer.enter_graceful_shutdown()
         await server.stop(grace=1.0)
         await runner.cleanup()
 

@@ -117,6 +117,8 @@ class Prober:
         self._engines_read: set[str] = set()
         self._max_running: dict[str, int] = {}
         self._checks: set[asyncio.Task[None]] = set()
+        # Set once the first round of probes is applied: the scheduler's readiness.
+        self.probed = asyncio.Event()
 
     async def probe(self, endpoint: Endpoint) -> ProbeResult:
         """One probe of one endpoint: health and load read concurrently, bounded by the period."""
@@ -252,13 +254,15 @@ class Prober:
             )
 
     async def run(self) -> None:
-        """Probe at once, then every period, until cancelled."""
+        """Probe at once, then every period, until cancelled; `probed` is set after the first
+        round."""
         timeout = aiohttp.ClientTimeout(total=self.period, connect=self.period)
         async with aiohttp.ClientSession(timeout=timeout) as self._session:
             try:
                 while True:
                     started = asyncio.get_running_loop().time()
                     await self.probe_all()
+                    self.probed.set()
                     elapsed = asyncio.get_running_loop().time() - started
                     await asyncio.sleep(max(self.period - elapsed, 0.0))
             finally:

@@ -1,21 +1,33 @@
 """`luftpause fake-engine`: run one simulated inference engine replica.
 
 Shell layer: parses the command line into `SimParams` and serves (uvloop) until SIGINT/SIGTERM.
-Logs go through the shared structlog setup (`LUFTPAUSE_LOG_LEVEL`, `LUFTPAUSE_LOG_FORMAT`).
+`--profile` (cpu or gpu, see `params.PROFILES`) picks the defaults of the engine's flags; a flag
+given on the command line, or its `LUFTPAUSE_*` variable, beats the profile. Logs go through
+the shared structlog setup (`LUFTPAUSE_LOG_LEVEL`, `LUFTPAUSE_LOG_FORMAT`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import ssl
+from collections.abc import Mapping
 
+from luftpause.common import envargs
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.testkit.engine.params import ADMISSIONS, TOOL_STYLES, EngineParams, SimParams
+from luftpause.testkit.engine.params import (
+    ADMISSIONS,
+    CPU_PROFILE,
+    PROFILES,
+    TOOL_STYLES,
+    EngineParams,
+    Profile,
+    SimParams,
+)
 from luftpause.testkit.engine.server import serve, server_tls_context
 
-_E = EngineParams()
 _S = SimParams()
 
 
@@ -29,50 +41,63 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _profile_arg(p: argparse.ArgumentParser, default: str) -> None:
+    about = "; ".join(f"{name}: {profile.about}" for name, profile in PROFILES.items())
+    p.add_argument(
+        "--profile",
+        choices=tuple(PROFILES),
+        default=default,
+        help=f"the engine flags' defaults ({about}); flags given beat it",
+    )
+
+
+def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
+    """The options, their engine defaults from `profile`."""
+    e = profile.engine
     p = argparse.ArgumentParser(
         prog="luftpause fake-engine",
         description="A simulated continuous-batching inference engine (OpenAI-compatible).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    _profile_arg(p, profile.name)
     add = p.add_argument
     add("--host", default="127.0.0.1", help="address to listen on")
     add("--port", type=int, default=9001, help="port to listen on (0 picks one)")
     add("--id", dest="replica_id", default=_S.replica_id, help="replica id (system_fingerprint)")
     add("--model", default=_S.model, help="model name listed by /v1/models")
     add("--kind", choices=("generative", "single-pass"), default=_S.kind, help="engine kind")
-    add("--kv-tokens", type=int, default=_E.kv_tokens, help="KV pool size in tokens")
-    add("--block-size", type=int, default=_E.block_size, help="tokens per KV block")
-    add("--max-running", type=int, default=_E.max_running, help="cap on the running batch")
+    add("--kv-tokens", type=int, default=e.kv_tokens, help="KV pool size in tokens")
+    add("--block-size", type=int, default=e.block_size, help="tokens per KV block")
+    add("--max-running", type=int, default=e.max_running, help="cap on the running batch")
     add(
         "--max-prefill-tokens",
         type=int,
-        default=_E.max_prefill_tokens,
+        default=e.max_prefill_tokens,
         help="uncached prompt tokens admitted per iteration (the first request always fits)",
     )
     add(
         "--prefill-ms-per-token",
         type=float,
-        default=_E.prefill_ms_per_token,
+        default=e.prefill_ms_per_token,
         help="prefill cost per uncached prompt token",
     )
-    add("--decode-base-ms", type=float, default=_E.decode_base_ms, help="fixed decode step cost")
+    add("--decode-base-ms", type=float, default=e.decode_base_ms, help="fixed decode step cost")
     add(
         "--decode-ms-per-seq",
         type=float,
-        default=_E.decode_ms_per_seq,
+        default=e.decode_ms_per_seq,
         help="decode step cost per running sequence",
     )
     add(
         "--priority-scheduling",
         choices=("off", "low-first", "high-first"),
-        default=_E.priority_order,
+        default=e.priority_order,
         help="order the waiting queue by the request's `priority` (vLLM: low-first)",
     )
     add(
         "--priority-preemption-threshold",
         type=int,
-        default=_E.preempt_threshold,
+        default=e.preempt_threshold,
         metavar="N",
         help="with --priority-scheduling: a waiting request that cannot start preempts running "
         "ones whose priority is worse by more than N, as SGLang does (its default: 10); "
@@ -81,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--admission",
         choices=ADMISSIONS,
-        default=_E.admission,
+        default=e.admission,
         help="reserve: a request starts when blocks for its prompt and whole max_tokens fit; "
         "sglang: SGLang's admission (running replies counted at new_token_ratio, reply blocks "
         "on demand, retraction when a decode step runs out)",
@@ -89,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--stream-interval",
         type=_positive_int,
-        default=_S.stream_interval,
+        default=profile.stream_interval,
         metavar="N",
         help="streamed replies: the first token at once, then one SSE chunk per N tokens "
         "(SGLang's --stream-interval)",
@@ -139,6 +164,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tls-cert", metavar="FILE", default=None, help="serve https: PEM certificate chain")
     add("--tls-key", metavar="FILE", default=None, help="serve https: PEM private key")
     return p
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
+    """Options from argv and the environment, the defaults from the profile they name."""
+    env = os.environ if environ is None else environ
+    first = argparse.ArgumentParser(prog="luftpause fake-engine", add_help=False)
+    _profile_arg(first, CPU_PROFILE.name)
+    chosen, _ = envargs.parse_known_args(first, argv, env)
+    return envargs.parse_args(build_parser(PROFILES[chosen.profile]), argv, env)
 
 
 def params_from(args: argparse.Namespace) -> SimParams:
@@ -194,8 +228,8 @@ async def _serve_until(
 
 def main(argv: list[str]) -> int:
     """Entry point of `luftpause fake-engine`."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
+    parser = build_parser(PROFILES[args.profile])
     try:
         params = params_from(args)
     except ValueError as exc:

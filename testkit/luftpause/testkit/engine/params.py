@@ -1,7 +1,9 @@
-"""Parameters of the simulated engine and of its HTTP face.
+"""Parameters of the simulated engine and of its HTTP face, and the named profiles.
 
 Pure module: values only. The timing defaults come from `bench/calibrate_engine.py`
-(llama.cpp, Gemma 3 270M Q4_K_M, one CPU thread); see testkit/README.md for the table.
+(llama.cpp, Gemma 3 270M Q4_K_M, one CPU thread); see testkit/README.md for the table. The
+profiles (`--profile`) are starting points the flags then adjust: `cpu` is those defaults,
+`gpu` a small GPU engine batching as SGLang does (the step costs of bench/arms.py GPU_PROFILE).
 """
 
 from __future__ import annotations
@@ -124,3 +126,35 @@ class SimParams:
     @property
     def hosted(self) -> bool:
         return self.rpm is not None or self.tpm is not None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Profile:
+    """A named set of engine parameters: the defaults `luftpause fake-engine --profile` starts
+    from before any other flag."""
+
+    name: str
+    about: str
+    engine: EngineParams
+    stream_interval: int = 1
+
+
+CPU_PROFILE = Profile(
+    name="cpu",
+    about="llama.cpp on one CPU thread, measured",
+    engine=EngineParams(),
+)
+GPU_PROFILE = Profile(
+    name="gpu",
+    about="a small GPU running SGLang, not measured",
+    engine=EngineParams(
+        admission="sglang",
+        prefill_ms_per_token=0.1,
+        decode_base_ms=15.0,
+        decode_ms_per_seq=0.3,
+        max_running=48,
+        kv_tokens=96000,
+    ),
+    stream_interval=1,
+)
+PROFILES: dict[str, Profile] = {p.name: p for p in (CPU_PROFILE, GPU_PROFILE)}

@@ -1,7 +1,8 @@
 """`luftpause fake-mcp`: an MCP tool server over Streamable HTTP for sub-agents to call.
 
-Shell module: argv parsing, the `mcp` SDK's `MCPServer`, uvicorn and signals. What the tools
-say and how long they take comes from `core`. Serves, on one port:
+Shell module: argv parsing (each option also from its `LUFTPAUSE_*` variable), the `mcp` SDK's
+`MCPServer`, uvicorn and signals. What the tools say and how long they take comes from `core`.
+Serves, on one port:
 
     POST/GET/DELETE /mcp   the MCP Streamable HTTP endpoint (tools: lookup, deep_search,
                            delete_record)
@@ -14,9 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -28,6 +30,7 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from luftpause.common import envargs
 from luftpause.common.logs import setup_logging
 from luftpause.testkit.fakemcp.core import (
     CallStats,
@@ -65,13 +68,12 @@ class FakeMcpConfig:
         return random.Random() if self.seed is None else random.Random(f"{self.seed}:{tool}")
 
 
-def parse_args(argv: list[str]) -> FakeMcpConfig:
-    """Build the config from argv (the subcommand name already removed)."""
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="luftpause fake-mcp", description="An MCP tool server for tests."
     )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=9100, help="port to listen on")
     parser.add_argument(
         "--lookup-latency",
         type=float,
@@ -92,7 +94,13 @@ def parse_args(argv: list[str]) -> FakeMcpConfig:
         metavar="F",
         help="divide every latency by F (default 1)",
     )
-    ns = parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> FakeMcpConfig:
+    """Build the config from argv (the subcommand name already removed) and the environment."""
+    parser = build_parser()
+    ns = envargs.parse_args(parser, argv, os.environ if environ is None else environ)
     try:
         return FakeMcpConfig(
             host=ns.host,

@@ -1,0 +1,122 @@
+"""A plain install gives working services: the wheel, no extras, in a fresh venv.
+
+The wheel is built from this checkout, installed with `pip install` (its dependencies from the
+package index, as a user or a container image gets them) into a venv made with `python -m venv`
+without system site packages; then every module of the package imports there, and the
+scheduler, dataplane, runtime, fake engine and fake MCP server started from that venv's
+`luftpause` answer `/health` (and the chain of `/ready`s holds). Takes as long as pip does:
+some 30 s with a warm pip cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from luftpause.testkit.procs import Proc, free_port
+
+# pip may download the dependencies when its cache is cold.
+pytestmark = pytest.mark.timeout(360)
+ROOT = Path(__file__).resolve().parents[2]
+# Nothing from this checkout or the user's site may leak into the installed services.
+CLEAN_ENV = {"PYTHONPATH": "", "PYTHONNOUSERSITE": "1", "LUFTPAUSE_LOG_FORMAT": "json"}
+IMPORT_ALL = """
+import importlib, pkgutil, sys, luftpause
+assert luftpause.__path__[0].startswith(sys.prefix), luftpause.__path__
+names = [m.name for m in pkgutil.walk_packages(luftpause.__path__, "luftpause.")]
+for name in names:
+    importlib.import_module(name)
+print(len(names))
+"""
+
+
+def run(*args: str | Path, timeout: float) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with the wheel installed, no extras."""
+    work = tmp_path_factory.mktemp("plain-install")
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist", ROOT,
+        timeout=120)  # fmt: skip
+    (wheel,) = (work / "dist").glob("luftpause-*.whl")
+    run(sys.executable, "-m", "venv", work / "venv", timeout=120)
+    python = work / "venv" / "bin" / "python"
+    assert "include-system-site-packages = false" in (work / "venv" / "pyvenv.cfg").read_text()
+    run(python, "-m", "pip", "install", "-q", wheel, timeout=240)
+    return work / "venv"
+
+
+@pytest.fixture
+async def services(venv: Path, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
+    """Each service started from the venv's `luftpause`; name -> base URL."""
+    exe = [str(venv / "bin" / "luftpause")]
+    port = {n: free_port() for n in ("engine", "grpc", "http", "dataplane", "runtime", "mcp")}
+    url = {n: f"http://127.0.0.1:{p}" for n, p in port.items()}
+    config = tmp_path / "endpoints.yaml"
+    config.write_text(f"endpoints:\n  - id: e0\n    url: {url['engine']}\n    models: [sim]\n")
+    commands = {
+        "fake-engine": ["fake-engine", "--port", str(port["engine"]), "--model", "sim"],
+        "fake-mcp": ["fake-mcp", "--port", str(port["mcp"])],
+        "scheduler": ["scheduler", "--config", str(config), "--grpc-port", str(port["grpc"]),
+                      "--http-port", str(port["http"])],
+        "dataplane": ["dataplane", "--port", str(port["dataplane"]), "--scheduler",
+                      f"127.0.0.1:{port['grpc']}", "--config", str(config)],
+        "runtime": ["runtime", "--port", str(port["runtime"]), "--dataplane", url["dataplane"],
+                    "--state-dir", str(tmp_path / "state")],
+    }  # fmt: skip
+    bases = {
+        "fake-engine": url["engine"],
+        "fake-mcp": url["mcp"],
+        "scheduler": url["http"],
+        "dataplane": url["dataplane"],
+        "runtime": url["runtime"],
+    }
+    async with AsyncExitStack() as exits:
+        for name, args in commands.items():
+            proc = await Proc(
+                args, name=name, program=exe, env=CLEAN_ENV, log_path=tmp_path / f"{name}.log"
+            ).start()
+            exits.push_async_callback(proc.stop)
+        yield bases
+
+
+def test_every_module_of_the_package_imports_in_a_plain_install(venv: Path) -> None:
+    count = run(venv / "bin" / "python", "-c", IMPORT_ALL, timeout=120)
+    assert int(count) > 50
+
+
+async def test_each_service_from_a_plain_install_answers_health(
+    services: dict[str, str],
+) -> None:
+    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
+        for name, base in services.items():
+            assert await status_once_up(http, base + "/health") == 200, name
+        # The readiness chain: engines probed, dataplane in session, runtime sees it ready.
+        for name in ("scheduler", "dataplane", "runtime"):
+            while await status_once_up(http, services[name] + "/ready") != 200:
+                await asyncio.sleep(0.1)
+        async with http.get(services["dataplane"] + "/v1/models") as resp:
+            assert [m["id"] for m in (await resp.json())["data"]] == ["sim"]
+
+
+async def status_once_up(http: aiohttp.ClientSession, url: str) -> int:
+    """The status `url` answers, once something listens there (the caller bounds the wait)."""
+    while True:
+        try:
+            async with http.get(url) as resp:
+                return resp.status
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.1)
