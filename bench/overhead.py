@@ -9,9 +9,11 @@ each arm's figure is the median over rounds of the per-round figure, with the sp
 (min..max over rounds) beside it. Clients keep their connections alive, as the OpenAI SDK does,
 and every connection is warmed before a measured phase starts.
 
-Two dataplane arms share the scheduler: `dataplane` as deployed (the engine is open, so it
-places turns itself and reports them) and `dataplane-ask` (`--no-local-placement`: every turn
-waits for the scheduler's placement, as when engines queue).
+Three dataplane arms share the scheduler: `dataplane` as deployed (the engine is open, so it
+places turns itself and reports them), `dataplane-ask` (`--no-local-placement`: every turn
+waits for the scheduler's placement, as when engines queue) and `dataplane-2workers`
+(`--workers 2`: two dataplane processes on one port; its CPU counts both workers and their
+supervisor).
 
 With `--pin` the arm under test gets a core to itself, as a proxy deployed on its own machine or
 pod has: the arms' processes (and all their threads and children) run on the last CPU, the
@@ -246,6 +248,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             f"http://127.0.0.1:{port}/v1/chat/completions",
             [asking, scheduler],
         )
+        # The same dataplane as two workers on one port (`--workers 2`), each its own process.
+        port = free_port()
+        supervisor = await _peer(
+            stack,
+            workdir,
+            "dataplane-2workers",
+            [str(Path(sys.executable).with_name("luftpause"))],
+            [
+                "dataplane",
+                *("--port", str(port), "--scheduler", f"127.0.0.1:{local.grpc_port}"),
+                *("--id", "dataplane-2w", "--workers", "2"),
+            ],
+            f"http://127.0.0.1:{port}/health",
+        )
+        two = await _workers_of(supervisor, 2)
+        arms["dataplane-2workers"] = (
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            [supervisor, *two, scheduler],
+        )
         port = free_port()
         floor = await _peer(
             stack,
@@ -274,6 +295,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 out[label] = _compare(per_arm)
                 print(label, json.dumps(out[label]["added_ms"]), flush=True)
         return out
+
+
+async def _workers_of(supervisor: int, count: int) -> list[int]:
+    """The pids of a `--workers` supervisor's children, once all `count` have started."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children")
+    async with asyncio.timeout(30):
+        while len(pids := [int(p) for p in children.read_text().split()]) < count:
+            await asyncio.sleep(0.05)
+    return pids
 
 
 def _spread(values: list[float], digits: int = 3) -> dict[str, float]:

@@ -70,8 +70,12 @@ def test_every_long_option_of_every_subcommand_takes_its_value_from_its_variable
 ) -> None:
     parser = parser_of(name)
     options = envargs.options(parser)
-    longs = {a.dest for a in parser._actions if any(s.startswith("--") for s in a.option_strings)}
-    assert {a.dest for a, _ in options} == longs - {"help"}
+    longs = {
+        a.dest
+        for a in parser._actions
+        if any(s.startswith("--") for s in a.option_strings) and a.help is not argparse.SUPPRESS
+    }
+    assert {a.dest for a, _ in options} == longs - {"help"}  # internal options have none
     for action, var in options:
         text, expected = sample(action)
         namespace = envargs.parse_args(parser_of(name), [], {var: text})

@@ -57,6 +57,8 @@ def options(parser: argparse.ArgumentParser) -> list[tuple[argparse.Action, str]
         longs = [s for s in action.option_strings if s.startswith("--")]
         if not longs or isinstance(action, _SKIPPED) or action.dest in seen:
             continue
+        if action.help is argparse.SUPPRESS:
+            continue  # an internal option (one process passing it to another): no variable
         seen.add(action.dest)
         out.append((action, env_name(longs[0])))
     return out

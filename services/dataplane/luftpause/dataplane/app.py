@@ -152,11 +152,14 @@ def build_app(
     return app
 
 
-async def start_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Serve `app`; returns the runner (call `cleanup()`) and the bound port."""
+async def start_server(
+    app: web.Application, host: str, port: int, *, reuse_port: bool = False
+) -> tuple[web.AppRunner, int]:
+    """Serve `app` (with `reuse_port`, on a port other workers share); returns the runner (call
+    `cleanup()`) and the bound port."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
     await site.start()
     bound: int = runner.addresses[0][1] if port == 0 else port
     return runner, bound

@@ -20,6 +20,7 @@ from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.dataplane.app import build_app, start_server
 from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES
+from luftpause.dataplane.workers import Supervisor
 
 # The names these options were read from before every option had its own variable.
 ENV_ALIASES = {"LUFTPAUSE_PORT": ("LUFTPAUSE_DATAPLANE_PORT",)}
@@ -57,7 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="ask the scheduler for every turn, even when a replica is open (uncapped); "
         "for deployments that spread one run's turns across several dataplanes",
     )
+    parser.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="dataplane processes sharing the port (SO_REUSEPORT), each with its own session "
+        "to the scheduler: one per core to use (default 1)",
+    )
+    parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
@@ -92,7 +108,7 @@ async def serve(
         local_placement=args.local_placement,
         config_models=config_models,
     )
-    runner, port = await start_server(app, args.host, args.port)
+    runner, port = await start_server(app, args.host, args.port, reuse_port=args.reuse_port)
     log.info(
         "dataplane listening",
         host=args.host,
@@ -113,6 +129,11 @@ async def serve(
 def main(argv: list[str]) -> int:
     """Entry point for `luftpause dataplane`."""
     args = parse_args(argv)
+    if args.workers > 1:
+        if args.port == 0:
+            print("luftpause dataplane: --workers needs a fixed --port", file=sys.stderr)
+            return 2
+        return asyncio.run(Supervisor(argv, args.dataplane_id, args.workers).run())
     api_keys: dict[str, str] = {}
     models: tuple[str, ...] | None = None
     if args.config:
