@@ -260,3 +260,21 @@ async def test_list_models_and_http_pages_answer(stack: Stack) -> None:
     assert [(m.id, sorted(m.replica_ids)) for m in models.models] == [(MODEL, ["a", "b"])]
     assert "luftpause scheduler" in html and "setInterval(poll, 2000)" in html
     assert 'luftpause_replica_healthy{replica="a"} 1.0' in text
+
+
+async def test_watch_status_sends_the_status_then_each_change_and_nothing_in_between(
+    stack: Stack,
+) -> None:
+    call = stack.stub.WatchStatus(pb.WatchStatusRequest(min_interval_ms=100))
+    try:
+        async with asyncio.timeout(10):
+            first = await call.read()
+            assert {r.id: r.healthy for r in first.replicas} == {"a": True, "b": True}
+            quiet = asyncio.ensure_future(call.read())
+            done, _ = await asyncio.wait({quiet}, timeout=1.0)  # probes every 0.2 s, no change
+            assert not done, "a status was sent though nothing changed"
+            stack.engines["b"].healthy = False
+            changed = await quiet
+            assert {r.id: r.healthy for r in changed.replicas} == {"a": True, "b": False}
+    finally:
+        call.cancel()

@@ -275,6 +275,12 @@ class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class WatchStatusRequest(_message.Message):
+    __slots__ = ("min_interval_ms",)
+    MIN_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    min_interval_ms: int
+    def __init__(self, min_interval_ms: _Optional[int] = ...) -> None: ...
+
 class ReplicaStatus(_message.Message):
     __slots__ = ("id", "url", "healthy", "in_flight", "capacity", "capped", "engine_running", "engine_waiting", "models", "kind", "paused_interactive", "kv_tokens", "kv_used", "resident_tokens", "resident_runs", "new_batch_fits", "new_interactive_fits")
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class SchedulerStub:
                 request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.StatusRequest.SerializeToString,
                 response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.WatchStatus = channel.unary_stream(
+                '/luftpause.v1.Scheduler/WatchStatus',
+                request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.WatchStatusRequest.SerializeToString,
+                response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.StatusReply.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -100,6 +105,15 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchStatus(self, request, context):
+        """The status at once, then again whenever it changes, at most every `min_interval_ms`: for
+        dashboards (`grpcurl -plaintext -d '{"min_interval_ms": 1000}' localhost:5000
+        luftpause.v1.Scheduler/WatchStatus`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +140,11 @@ def add_SchedulerServicer_to_server(servicer, server):
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
                     request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.StatusRequest.FromString,
+                    response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.StatusReply.SerializeToString,
+            ),
+            'WatchStatus': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchStatus,
+                    request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.WatchStatusRequest.FromString,
                     response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.StatusReply.SerializeToString,
             ),
     }
@@ -263,6 +282,33 @@ class Scheduler:
             target,
             '/luftpause.v1.Scheduler/Status',
             luftpause_dot_rpc_dot_scheduler__pb2.StatusRequest.SerializeToString,
+            luftpause_dot_rpc_dot_scheduler__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/luftpause.v1.Scheduler/WatchStatus',
+            luftpause_dot_rpc_dot_scheduler__pb2.WatchStatusRequest.SerializeToString,
             luftpause_dot_rpc_dot_scheduler__pb2.StatusReply.FromString,
             options,
             channel_credentials,

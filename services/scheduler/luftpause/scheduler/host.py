@@ -75,6 +75,7 @@ class SchedulerHost:
         self._open_version = self.state.open_version
         self._open_listeners: list[Callable[[State], None]] = []
         self._taken_listeners: list[Callable[[RunTaken], None]] = []
+        self._watchers: set[asyncio.Event] = set()
 
     def now(self) -> float:
         return self.clock()
@@ -82,6 +83,15 @@ class SchedulerHost:
     def on_open_changed(self, listener: Callable[[State], None]) -> None:
         """Call `listener(state)` after every event that may have changed the open replicas."""
         self._open_listeners.append(listener)
+
+    def watch(self) -> asyncio.Event:
+        """An event set after every applied event (the state may have changed); `unwatch` it."""
+        changed = asyncio.Event()
+        self._watchers.add(changed)
+        return changed
+
+    def unwatch(self, changed: asyncio.Event) -> None:
+        self._watchers.discard(changed)
 
     def on_run_taken(self, listener: Callable[[RunTaken], None]) -> None:
         """Call `listener(action)` for every run whose turn came through another dataplane."""
@@ -96,6 +106,8 @@ class SchedulerHost:
             self._open_version = self.state.open_version
             for listener in self._open_listeners:
                 listener(self.state)
+        for changed in self._watchers:
+            changed.set()
         return actions
 
     def _act(self, action: Action) -> None:

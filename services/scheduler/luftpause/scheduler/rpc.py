@@ -42,6 +42,8 @@ _PHASE_OUT = {
 
 
 DATAPLANE_METADATA = "x-luftpause-dataplane"
+# WatchStatus sends a status at most this often, whatever the client asks.
+MIN_WATCH_INTERVAL_MS = 100
 # More keys than a dataplane sends (tools and four messages) are never read.
 MAX_OPENING_KEYS = 8
 
@@ -151,6 +153,15 @@ def status_reply(host: SchedulerHost) -> pb.StatusReply:
                 count=count,
             )
     return reply
+
+
+def _without_waits(reply: pb.StatusReply) -> bytes:
+    """The status as bytes, held turns' oldest waits left out (they change every moment)."""
+    copy = pb.StatusReply()
+    copy.CopyFrom(reply)
+    for group in copy.held:
+        group.oldest_wait_seconds = 0.0
+    return copy.SerializeToString(deterministic=True)
 
 
 def open_message(state: m.State) -> pb.OpenReplicas:
@@ -401,3 +412,24 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusReply:
         return status_reply(self.host)
+
+    async def WatchStatus(
+        self, request: pb.WatchStatusRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.StatusReply]:
+        """The status now, then each time it changes, at most every `min_interval_ms`."""
+        interval = max(request.min_interval_ms, MIN_WATCH_INTERVAL_MS) / 1000.0
+        changed = self.host.watch()
+        try:
+            last = b""
+            while True:
+                changed.clear()
+                reply = status_reply(self.host)
+                # The held turns' waits grow with the clock: compare the status without them.
+                shape = _without_waits(reply)
+                if shape != last:
+                    last = shape
+                    yield reply
+                await asyncio.sleep(interval)
+                await changed.wait()
+        finally:
+            self.host.unwatch(changed)
