@@ -7,7 +7,8 @@ PROTO   := proto/luftpause/rpc/scheduler.proto
 RPC_OUT := services/common
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: install browser up test lint typecheck pytest proto soak bench bench-real bench-matrix calibrate clean
+.PHONY: install browser docker-tools up test lint typecheck pytest proto soak bench bench-real \
+	bench-matrix calibrate wheel images release clean
 
 install: $(STAMP) browser
 
@@ -26,10 +27,22 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
+# Docker's engine, Compose (v1.29) and mmdebstrap, for the image builds and the container tests
+# (tests/deploy/test_compose.py starts dockerd itself); a no-op once they are there.
+docker-tools:
+	@test -x /usr/sbin/dockerd -a -x /usr/bin/docker-compose -a -x /usr/bin/mmdebstrap || { \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "docker.io, docker-compose or mmdebstrap is missing; as root run:" \
+	      "apt-get install docker.io docker-compose mmdebstrap" >&2; exit 1; \
+	  fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends docker.io docker-compose mmdebstrap \
+	    >/dev/null; }
+
 up: install
 	$(BIN)/luftpause up
 
-test: install lint typecheck pytest
+test: install docker-tools lint typecheck pytest
 
 lint: install
 	$(BIN)/ruff check .
@@ -87,5 +100,49 @@ calibrate: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
 	$(BIN)/python -m bench.calibrate_engine
 
+# --- images (deploy/docker/, deploy/README.md "Images") ---------------------------------------
+# `make images` builds the wheel into dist/, then every image from it, tagged luftpause/<name>:
+# <version> and :latest. BASE_IMAGE is any image with python3 >= 3.11 (luftpause-base:local from
+# deploy/docker/base/build-base.sh where no registry is reachable); CA_CERTS is a directory of
+# extra *.crt files trusted during the build and at run time (staged into dist/ca, inside the
+# build context). `make release REGISTRY=ghcr.io/you` tags them $(REGISTRY)/<name>:<version> and
+# :latest and pushes them; DRY_RUN=1 prints the commands instead of running them.
+VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+WHEEL      := dist/luftpause-$(VERSION)-py3-none-any.whl
+DOCKER     ?= docker
+BASE_IMAGE ?= python:3.11-slim
+CA_CERTS   ?= deploy/docker/ca
+IMAGES     ?= scheduler dataplane runtime fake-engine fake-mcp llama-engine
+DOCKER_BUILD_FLAGS ?=
+RUN_OR_ECHO := $(if $(DRY_RUN),echo,)
+PACKAGE_FILES := pyproject.toml README.md \
+	$(shell find services testkit -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+
+wheel: $(WHEEL)
+
+$(WHEEL): $(PACKAGE_FILES)
+	rm -f dist/luftpause-*.whl
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+
+images: wheel
+	rm -rf dist/ca && mkdir -p dist/ca
+	for crt in $(CA_CERTS)/*.crt; do if [ -f "$$crt" ]; then cp "$$crt" dist/ca/; fi; done
+	set -e; for name in $(IMAGES); do \
+	  echo "== luftpause/$$name:$(VERSION) (base $(BASE_IMAGE))"; \
+	  $(DOCKER) build $(DOCKER_BUILD_FLAGS) -f deploy/docker/$$name.Dockerfile \
+	    --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg CA_CERTS=dist/ca \
+	    -t luftpause/$$name:$(VERSION) -t luftpause/$$name:latest . ; \
+	done
+
+release:
+	@test -n "$(REGISTRY)" || { \
+	  echo "usage: make release REGISTRY=registry.example.com/luftpause [DRY_RUN=1]" >&2; exit 2; }
+	@$(RUN_OR_ECHO) $(MAKE) images BASE_IMAGE=$(BASE_IMAGE) CA_CERTS=$(CA_CERTS) \
+	  IMAGES="$(IMAGES)" DOCKER=$(DOCKER)
+	@set -e; for name in $(IMAGES); do for tag in $(VERSION) latest; do \
+	  $(RUN_OR_ECHO) $(DOCKER) tag luftpause/$$name:$(VERSION) $(REGISTRY)/$$name:$$tag; \
+	  $(RUN_OR_ECHO) $(DOCKER) push $(REGISTRY)/$$name:$$tag; \
+	done; done
+
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache dist

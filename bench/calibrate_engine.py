@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.real_pool import engine_params
+from luftpause.testkit.llamacpp import engine_params
 
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.json"
 PARALLEL = 4

@@ -28,6 +28,7 @@ PARSERS = {
     "runtime": "luftpause.runtime.main",
     "fake-engine": "luftpause.testkit.engine.main",
     "fake-mcp": "luftpause.testkit.fakemcp.server",
+    "llama-engine": "luftpause.testkit.llamacpp",
     "loadgen": "luftpause.testkit.loadgen_cli",
     "up": "luftpause.up",
 }

@@ -46,6 +46,7 @@ PORT_OPTIONS = {
     "runtime": {"http": "--port"},
     "fake-engine": {"http": "--port"},
     "fake-mcp": {"http": "--port"},
+    "llama-engine": {"http": "--port"},
 }
 # Services with bearer auth: the module whose OPEN_PATHS are served without the token.
 OPEN_PATHS_MODULE = {"dataplane": "luftpause.common.auth", "runtime": "luftpause.runtime.auth"}

@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "runtime": ("luftpause.runtime.main", "the MCP runtime: durable sub-agents on :7000/mcp"),
     "fake-engine": ("luftpause.testkit.engine.main", "the engine simulator"),
     "fake-mcp": ("luftpause.testkit.fakemcp", "an MCP tool server with lookup and deep_search"),
+    "llama-engine": ("luftpause.testkit.llamacpp", "llama.cpp serving Gemma 3 270M (`real` extra)"),
     "loadgen": ("luftpause.testkit.loadgen_cli", "closed-loop own-loop agents against a base URL"),
     "up": ("luftpause.up", "the whole local stack as child processes"),
 }

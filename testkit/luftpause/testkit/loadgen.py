@@ -7,7 +7,7 @@ tool call "takes" `--tool-seconds`. Turns stream, so time to first token is meas
 usage (prompt and cached tokens) comes from the final usage chunk. Against the simulator the
 `x-sim-tool-rounds` header makes it script exactly that many calls.
 
-For a real base model (`--preamble gemma`, see bench/real_pool.py) every run's conversation
+For a real base model (`--preamble gemma`, see `testkit.llamacpp`) every run's conversation
 starts with the same example messages: a system message that describes the tool-call format and
 two exchanges with real `tool_calls`. `--keep-tools` offers the tools on every turn and sends
 `tool_choice: none` once the calls are spent, so the rendered prompt keeps its prefix (an engine

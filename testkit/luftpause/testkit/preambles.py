@@ -1,7 +1,7 @@
 """What an agent puts at the start of every run's conversation: the same text for every run.
 
 Pure module: constants and a deterministic text builder. A base model (Gemma 3 270M, see
-bench/real_pool.py) calls tools only after it has been shown calls in the format its chat
+`testkit.llamacpp`) calls tools only after it has been shown calls in the format its chat
 template parses; `gemma` is that few-shot start. `TEXT_TOOL_SYSTEM` describes a text tool
 protocol (calls written as `<tool_call>` blocks, results sent back as user messages), and
 `shared_prefix` is a preamble of a chosen length that every run of every agent shares.

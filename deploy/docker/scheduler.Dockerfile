@@ -1,0 +1,53 @@
+# luftpause/scheduler: `luftpause scheduler`, gRPC :5000 (standard gRPC health), HTTP :5001
+# (/health, /ready, /metrics, /status and the status page). The endpoint file is LUFTPAUSE_CONFIG.
+ARG BASE_IMAGE=python:3.11-slim
+
+# ---- shared by every luftpause image: identical down to the "service" line, so Docker's
+# layer cache builds the base and the venv once for all of them (deploy/README.md, "Images").
+FROM ${BASE_IMAGE} AS base
+# Extra CA certificates (*.crt in this directory of the build context): a registry or package
+# index behind an intercepting proxy, a private engine URL. They join the system bundle, which
+# pip and the services trust.
+ARG CA_CERTS=deploy/docker/ca
+COPY ${CA_CERTS}/ /tmp/ca/
+RUN find /tmp/ca -name '*.crt' -exec cp {} /usr/local/share/ca-certificates/ \; \
+    && update-ca-certificates \
+    && rm -rf /tmp/ca \
+    && groupadd --gid 10001 luftpause \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin luftpause
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    REQUESTS_CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+
+# The dependencies first (as pyproject.toml names them; it changes less often than the code),
+# then the wheel `make wheel` put in dist/; pip itself is not kept. `python3` is the base
+# image's, from PATH.
+FROM base AS venv
+COPY pyproject.toml /tmp/build/
+RUN python3 -m venv /opt/luftpause \
+    && python3 -c "import tomllib; p = tomllib.load(open('/tmp/build/pyproject.toml', 'rb')); print('\n'.join(p['project']['dependencies']))" > /tmp/build/requirements.txt \
+    && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/requirements.txt
+COPY dist/ /tmp/dist/
+RUN test -n "$(find /tmp/dist -maxdepth 1 -name 'luftpause-*.whl')" \
+        || { echo "no luftpause wheel in dist/: run 'make wheel' (or 'make images') first" >&2; exit 1; } \
+    && /opt/luftpause/bin/pip install --no-cache-dir --no-deps /tmp/dist/luftpause-*.whl \
+    && /opt/luftpause/bin/pip check \
+    && /opt/luftpause/bin/luftpause --help > /dev/null \
+    && /opt/luftpause/bin/python -m pip uninstall --yes --quiet pip setuptools
+
+FROM base
+COPY --from=venv /opt/luftpause /opt/luftpause
+ENV PATH=/opt/luftpause/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    LUFTPAUSE_HOST=0.0.0.0
+
+# ---- service: everything below is this image's own.
+USER 10001:10001
+EXPOSE 5000 5001
+# Ready once it has probed its engines (the gRPC readiness service says the same).
+HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('LUFTPAUSE_HTTP_PORT', '5001') + '/ready', timeout=2)"]
+ENTRYPOINT ["luftpause", "scheduler"]
