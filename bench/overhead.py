@@ -13,7 +13,11 @@ Three dataplane arms share the scheduler: `dataplane` as deployed (the engine is
 places turns itself and reports them), `dataplane-ask` (`--no-local-placement`: every turn
 waits for the scheduler's placement, as when engines queue) and `dataplane-2workers`
 (`--workers 2`: two dataplane processes on one port; its CPU counts both workers and their
-supervisor).
+supervisor). `dataplane-traced` is a scheduler and dataplane pair of their own, started with
+`OTEL_EXPORTER_OTLP_ENDPOINT` pointing at a local OTLP/gRPC endpoint that accepts and discards
+(`bench.otlp_sink`, its CPU not counted): beside `dataplane` (tracing off) it shows what tracing
+adds per turn, every turn traced (a span in the dataplane, one in the scheduler, exported in
+batches).
 
 With `--pin` the arm under test gets a core to itself, as a proxy deployed on its own machine or
 pod has: the arms' processes (and all their threads and children) run on the last CPU, the
@@ -51,6 +55,7 @@ from bench.overhead_table import table
 from bench.pinning import pin_arms
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
+from luftpause.testkit.status import wait_for_status
 
 INSTANT = (
     "--prefill-ms-per-token",
@@ -267,6 +272,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             f"http://127.0.0.1:{port}/v1/chat/completions",
             [supervisor, *two, scheduler],
         )
+        arms["dataplane-traced"] = await traced_pair(stack, workdir)
         port = free_port()
         floor = await _peer(
             stack,
@@ -295,6 +301,53 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 out[label] = _compare(per_arm)
                 print(label, json.dumps(out[label]["added_ms"]), flush=True)
         return out
+
+
+async def traced_pair(stack: AsyncExitStack, workdir: Path) -> tuple[str, list[int]]:
+    """A scheduler and a dataplane exporting every turn's spans to a local OTLP sink."""
+    sink_port = free_port()
+    sink = Proc(
+        ["--port", str(sink_port)],
+        name="otlp-sink",
+        program=[sys.executable, "-m", "bench.otlp_sink"],
+        log_path=workdir / "otlp-sink.log",
+    )
+    await sink.start()
+    stack.push_async_callback(sink.stop)
+    await sink.wait_port(sink_port)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}"}
+    exe = [str(Path(sys.executable).with_name("luftpause"))]
+    config = str(workdir / "endpoints.yaml")  # the LocalStack's: the same engine
+    grpc_port, http_port, port = free_port(), free_port(), free_port()
+    scheduler = await _peer(
+        stack,
+        workdir,
+        "scheduler-traced",
+        exe,
+        [
+            *("scheduler", "--config", config),
+            *("--grpc-port", str(grpc_port), "--http-port", str(http_port)),
+        ],
+        f"http://127.0.0.1:{http_port}/health",
+        env=env,
+    )
+    await wait_for_status(
+        f"http://127.0.0.1:{http_port}/status",
+        lambda st: all(r["healthy"] for r in st["replicas"]),
+    )
+    dataplane = await _peer(
+        stack,
+        workdir,
+        "dataplane-traced",
+        exe,
+        [
+            *("dataplane", "--port", str(port), "--scheduler", f"127.0.0.1:{grpc_port}"),
+            *("--config", config, "--id", "dataplane-traced"),
+        ],
+        f"http://127.0.0.1:{port}/health",
+        env=env,
+    )
+    return f"http://127.0.0.1:{port}/v1/chat/completions", [dataplane, scheduler]
 
 
 async def _workers_of(supervisor: int, count: int) -> list[int]:

@@ -138,3 +138,15 @@ def test_up_with_a_config_starts_no_engines_and_hands_the_file_on(tmp_path: Path
     runtime = children["runtime"].args
     assert runtime[runtime.index("--model") + 1] == "alpha"
     assert not (tmp_path / "state").exists()  # nothing generated
+
+
+def test_up_points_the_status_page_at_its_runtime_and_the_runtime_lets_it_read(
+    tmp_path: Path,
+) -> None:
+    ports = ["--http-port", "5101", "--runtime-port", "7101"]
+    args = parse_args([*ports, "--state-dir", str(tmp_path / "state")], {})
+    children = {c.name: c.args for group in plan(args, front(args)) for c in group}
+    scheduler, runtime = children["scheduler"], children["runtime"]
+    assert scheduler[scheduler.index("--runtime-url") + 1] == "http://127.0.0.1:7101"
+    origins = [runtime[i + 1] for i, a in enumerate(runtime) if a == "--cors-origin"]
+    assert origins == ["http://127.0.0.1:5101", "http://localhost:5101"]

@@ -42,6 +42,7 @@ async def test_with_a_token_mcp_and_status_need_the_bearer() -> None:
         assert (await _call(b"s3cret", path, "Bearer s3cret"))[0] == 200
 
 
-async def test_health_and_ready_stay_open_with_a_token() -> None:
+async def test_health_ready_and_metrics_stay_open_with_a_token() -> None:
     assert (await _call(b"s3cret", "/health", None))[0] == 200
     assert (await _call(b"s3cret", "/ready", None))[0] == 200
+    assert (await _call(b"s3cret", "/metrics", None))[0] == 200

@@ -1,4 +1,5 @@
-"""The scheduler's status page in real headless Chromium: it renders and follows the state.
+"""The scheduler's status page in real headless Chromium: it renders and follows the state,
+and shows a runtime's run tree (a real runtime process replaying a journal written here).
 
 Chromium is driven over the Chrome DevTools Protocol with aiohttp's websocket client, so no
 browser-automation package is needed; `make install` installs Debian's `chromium`. The scheduler
@@ -22,6 +23,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from luftpause.runtime import journal
+from luftpause.runtime import machine as m
+from luftpause.testkit.procs import Proc, free_port
 from tests.scheduler import test_scheduler_process as sched
 
 stack = sched.stack
@@ -233,3 +237,97 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
     assert rows[0]["cells"][5] == "0 / 50000 (0 runs)"
     await page.screenshot(tmp_path / "status_page.png")
     assert (tmp_path / "status_page.png").read_bytes().startswith(b"\x89PNG")
+
+
+# The run tree's rows: each run's handle and depth, and every cell's text.
+TREE_ROWS = """Array.from(document.querySelectorAll("#run-tree tbody tr"), tr => ({
+  handle: tr.dataset.handle, depth: Number(tr.dataset.depth),
+  cells: Array.from(tr.cells, td => td.textContent)}))"""
+
+
+def _write_journal(state_dir: Path) -> None:
+    """A finished parent run with a finished child that made one tool call: nothing resumes."""
+    parent = m.RunSpec(handle="run-parent", task="plan the trip", model="sim", caller="test")
+    child = m.RunSpec(
+        handle="run-child",
+        task="find trains",
+        model="sim",
+        service_class="batch",
+        parent="run-parent",
+        caller="test",
+    )
+    lookup = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    records = [
+        journal.spawned_record(parent),
+        journal.spawned_record(child),
+        journal.round_record(
+            "run-child",
+            m.RecordRound(
+                round=1,
+                assistant={"role": "assistant", "content": None, "tool_calls": [lookup]},
+                results=(m.ToolResult(call_id="c1", name="lookup", content="a train"),),
+                usage=m.Usage(turns=1, prompt_tokens=100, completion_tokens=10),
+            ),
+        ),
+        journal.finished_record(
+            "run-child",
+            m.RecordFinished(
+                phase=m.Phase.FINISHED,
+                result="the 9:10",
+                error=None,
+                usage=m.Usage(turns=1, prompt_tokens=120, completion_tokens=5),
+            ),
+        ),
+        journal.finished_record(
+            "run-parent",
+            m.RecordFinished(
+                phase=m.Phase.FINISHED,
+                result="take the 9:10",
+                error=None,
+                usage=m.Usage(turns=1, prompt_tokens=50, completion_tokens=8),
+            ),
+        ),
+    ]
+    state_dir.mkdir()
+    (state_dir / "runs.jsonl").write_bytes(b"".join(journal.encode(r) for r in records))
+
+
+@pytest.fixture
+async def runtime(stack: sched.Stack, tmp_path: Path) -> AsyncIterator[str]:
+    """A runtime process that replays the journal above and lets the status page read it."""
+    port = free_port()
+    state_dir = tmp_path / "runtime-state"
+    _write_journal(state_dir)
+    args = ["runtime", "--port", str(port), "--state-dir", str(state_dir)]
+    args += ["--dataplane", "http://127.0.0.1:1", "--cors-origin", stack.http]
+    proc = await Proc(args, log_path=tmp_path / "runtime.log").start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await proc.wait_http(url + "/health")
+        yield url
+    finally:
+        assert await proc.stop() == 0
+
+
+async def test_status_page_shows_the_runtimes_runs_nested_under_their_parents(
+    stack: sched.Stack, runtime: str, chromium: DevTools, tmp_path: Path
+) -> None:
+    page = await Page.open(chromium, f"{stack.http}/?runtime={runtime}")
+    rows = await page.until(TREE_ROWS, lambda v: len(v) == 2)
+    assert [(r["handle"], r["depth"]) for r in rows] == [("run-parent", 0), ("run-child", 1)]
+    parent, child = (r["cells"] for r in rows)
+    # run, state, class, turns, tool calls (failed), tokens, task; a parent's figures are its
+    # own, then its subtree's.
+    assert parent == [
+        "run-parent",
+        "finished",
+        "interactive",
+        "1 (\u03a3 3)",
+        "0 (\u03a3 1)",
+        "58 (\u03a3 293)",
+        "plan the trip",
+    ]
+    assert child == ["\u2514 run-child", "finished", "batch", "2", "1", "235", "find trains"]
+    line = await page.evaluate('document.getElementById("runtime-updated").textContent')
+    assert line == f"runtime {runtime}: 2 runs \u00b7 2 finished"
+    await page.screenshot(tmp_path / "status_page_runs.png")

@@ -128,6 +128,8 @@ def plan(args: argparse.Namespace, where: Front) -> list[list[Child]]:
         args=("fake-mcp", "--port", str(args.mcp_port)),
         ready_url=f"http://127.0.0.1:{args.mcp_port}/health",
     )
+    has_runtime = importlib.util.find_spec("luftpause.runtime.main") is not None
+    runtime_url = f"http://127.0.0.1:{args.runtime_port}"
     scheduler = Child(
         name="scheduler",
         args=(
@@ -138,6 +140,8 @@ def plan(args: argparse.Namespace, where: Front) -> list[list[Child]]:
             str(args.grpc_port),
             "--http-port",
             str(args.http_port),
+            # Its status page shows the runtime's run tree.
+            *(("--runtime-url", runtime_url) if has_runtime else ()),
         ),
         ready_url=f"http://127.0.0.1:{args.http_port}/ready",
     )
@@ -155,8 +159,10 @@ def plan(args: argparse.Namespace, where: Front) -> list[list[Child]]:
         ready_url=f"http://127.0.0.1:{args.dataplane_port}/ready",
     )
     groups = [[*where.engines, fake_mcp], [scheduler], [dataplane]]
-    if importlib.util.find_spec("luftpause.runtime.main") is not None:
+    if has_runtime:
         model = where.models[0] if where.models else SIM_MODEL
+        # The status page reads /status from its own origin, by either name.
+        page_origins = (f"http://127.0.0.1:{args.http_port}", f"http://localhost:{args.http_port}")
         groups.append(
             [
                 Child(
@@ -173,8 +179,9 @@ def plan(args: argparse.Namespace, where: Front) -> list[list[Child]]:
                         model,
                         "--state-dir",
                         args.state_dir,
+                        *(a for origin in page_origins for a in ("--cors-origin", origin)),
                     ),
-                    ready_url=f"http://127.0.0.1:{args.runtime_port}/ready",
+                    ready_url=f"{runtime_url}/ready",
                 )
             ]
         )

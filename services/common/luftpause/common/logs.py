@@ -1,7 +1,9 @@
 """Logging setup shared by every process: structlog, JSON in containers, readable on a terminal.
 
 Shell module. `LUFTPAUSE_LOG_FORMAT` (json|console) overrides the choice made from whether
-stderr is a terminal; `LUFTPAUSE_LOG_LEVEL` sets the level (default info).
+stderr is a terminal; `LUFTPAUSE_LOG_LEVEL` sets the level (default info). With tracing on
+(`common.tracing.setup` ran first), every line written while a span is current carries its
+`trace_id` and `span_id`.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import os
 import sys
 
 import structlog
+
+from luftpause.common import tracing
 
 
 def setup_logging(service: str) -> structlog.stdlib.BoundLogger:
@@ -26,6 +30,7 @@ def setup_logging(service: str) -> structlog.stdlib.BoundLogger:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            *((tracing.add_trace_ids,) if tracing.enabled() else ()),
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -3,6 +3,7 @@
 Shell module. The service gets an `asyncio.Event` set on SIGINT/SIGTERM and is expected to
 shut down cleanly once it is set; the process then exits 0. A service that cannot start (its
 port is taken, an address does not resolve) exits 1 with one line saying why, not a traceback.
+Spans still queued for export (`common.tracing`, if the service set it up) are flushed last.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable
 
 import uvloop
+
+from luftpause.common import tracing
 
 
 class StartupError(Exception):
@@ -44,4 +47,6 @@ def run_async(
         if code:
             print(f"{name}: could not start (exit {code}); see the log above", file=sys.stderr)
         return code
+    finally:
+        tracing.shutdown()
     return 0

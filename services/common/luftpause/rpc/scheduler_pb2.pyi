@@ -28,7 +28,7 @@ RUN_PHASE_GENERATING: RunPhase
 RUN_PHASE_TOOL_PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes", "opening")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes", "opening", "traceparent")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class AdmitRequest(_message.Message):
     PLACED_REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPENING_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -49,7 +50,8 @@ class AdmitRequest(_message.Message):
     placed_replica_id: str
     prompt_bytes: int
     opening: _containers.RepeatedCompositeFieldContainer[OpeningKey]
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ..., opening: _Optional[_Iterable[_Union[OpeningKey, _Mapping]]] = ...) -> None: ...
+    traceparent: str
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ..., opening: _Optional[_Iterable[_Union[OpeningKey, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
 
 class OpeningKey(_message.Message):
     __slots__ = ("hash", "bytes")

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 
 from aiohttp import web
 
-from luftpause.dataplane import wire
+from luftpause.common import tracing
+from luftpause.dataplane import spans, wire
 from luftpause.dataplane.context import (
     DATAPLANE,
     DEFAULT_MAX_BODY_BYTES,
@@ -132,6 +133,7 @@ def build_app(
             models_retry_seconds=reconnect_delay,
         )
         app[DATAPLANE] = dp
+        dp.metrics.watch_link(link)
         link.start()
         pruner = asyncio.create_task(_prune(dp, PRUNE_SECONDS), name="prune")
         yield
@@ -142,7 +144,9 @@ def build_app(
         await dp.transport.close()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/chat/completions", chat_completions)
+    # Chosen once: with tracing off the handler runs bare and spans cost nothing.
+    chat = spans.traced(chat_completions) if tracing.enabled() else chat_completions
+    app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/decide", decide)
     app.router.add_get("/v1/models", list_models)
     app.router.add_delete("/v1/runs/{id}", end_run)

@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -22,6 +23,9 @@ from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.slotfiles import FileOrder
 from luftpause.dataplane.transport import EngineTransport
 from luftpause.dataplane.turn import Turn
+
+if TYPE_CHECKING:
+    from luftpause.dataplane.spans import TurnSpan
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # How long `GET /v1/models` waits for an unreachable scheduler when there is no endpoint file.
@@ -73,8 +77,9 @@ class Dataplane:
         caller: str,
         request_bytes: int,
         single_pass: bool = False,
+        span: TurnSpan | None = None,
     ) -> Turn:
-        """A turn wired to this process's link, tables and metrics."""
+        """A turn wired to this process's link, tables and metrics (and its span, if traced)."""
         return Turn(
             turn_id=turn_id,
             run_id=run_id,
@@ -83,7 +88,8 @@ class Dataplane:
             caller=caller,
             request_bytes=request_bytes,
             single_pass=single_pass,
-            report=self.link.report,
+            report=self.link.report if span is None else span.reporter(self.link.report),
+            span=span,
             runs=self.runs,
             memory=self.memory,
             metrics=self.metrics,

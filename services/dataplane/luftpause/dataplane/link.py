@@ -109,7 +109,7 @@ class SchedulerLink:
         self._stub: pb_grpc.SchedulerStub | None = None
         self._task: asyncio.Task[None] | None = None
         self._down_reason = "no session opened yet"
-        self._ever_up = False
+        self._sessions = 0
 
     @property
     def ready(self) -> bool:
@@ -119,7 +119,12 @@ class SchedulerLink:
     @property
     def ever_up(self) -> bool:
         """A session has been up since this link started."""
-        return self._ever_up
+        return self._sessions > 0
+
+    @property
+    def sessions(self) -> int:
+        """Sessions that came up since this link started (the metrics' reconnects)."""
+        return self._sessions
 
     async def wait_ready(self) -> None:
         await self._ready.wait()
@@ -258,7 +263,7 @@ class SchedulerLink:
             for request, _ in self._waiting.values():
                 self._queue.put_nowait(pb.DataplaneItem(admit=request))
             self._ready.set()
-            self._ever_up = True
+            self._sessions += 1
             log.info(
                 "scheduler link up",
                 target=self.target,

@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from luftpause.common import envargs
+from luftpause.common import envargs, tracing
 from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.config import Config, ConfigError, load_config
 from luftpause.common.logs import setup_logging
@@ -144,6 +144,7 @@ def main(argv: list[str]) -> int:
             return 2
         api_keys = engine_keys(config)
         models = config.generative_models()
+    tracing.setup("dataplane", instance=args.dataplane_id)
     return run_async(
         lambda stop: serve(args, api_keys, stop, config_models=models), name="dataplane"
     )

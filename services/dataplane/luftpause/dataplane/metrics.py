@@ -2,24 +2,82 @@
 
 Shell module. Each app gets its own registry (tests run several in one process). Label
 children are bound once here, so the hot path does one lock-protected add per turn and no
-label lookups.
+label lookups; the gauges (open streams, the scheduler link) are read at scrape time by a
+collector, from a plain counter the proxy keeps and from the link:
+
+    luftpause_dataplane_turns_total{service_class,outcome}              counter
+    luftpause_dataplane_proxied_bytes_total{direction}                  counter
+    luftpause_dataplane_time_to_first_byte_seconds{service_class}       histogram
+    luftpause_dataplane_added_first_byte_seconds{service_class}         histogram
+    luftpause_dataplane_open_streams                                    gauge
+    luftpause_dataplane_scheduler_link_up                               gauge
+    luftpause_dataplane_scheduler_reconnects_total                      counter
+    luftpause_dataplane_placed_locally_total                            counter
+    luftpause_dataplane_slot_actions_total{action,outcome}              counter
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from luftpause.dataplane.identity import ServiceClass
 
 OUTCOMES = ("finished", "failed", "abandoned")
 _TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+# The dataplane's own share is a few hundred microseconds when all is well.
+_ADDED_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1,
+)  # fmt: skip
+
+
+class LinkState(Protocol):
+    """What the metrics read of the scheduler link (`link.SchedulerLink`)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def sessions(self) -> int: ...
+
+
+class _StateCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "luftpause_dataplane_open_streams",
+            "Streamed (SSE) replies being relayed from an engine to a client now.",
+            value=self._metrics.open_streams,
+        )
+        link = self._metrics.link
+        yield GaugeMetricFamily(
+            "luftpause_dataplane_scheduler_link_up",
+            "1 while the Session stream to the scheduler is up (resynced), 0 while it is down "
+            "and turns that need the scheduler are held.",
+            value=1 if link is not None and link.ready else 0,
+        )
+        yield CounterMetricFamily(
+            "luftpause_dataplane_scheduler_reconnects",
+            "Sessions to the scheduler opened again after a break (the first one not counted).",
+            value=0 if link is None else max(link.sessions - 1, 0),
+        )
 
 
 class Metrics:
-    """Turns by class and outcome, proxied bytes, time to first byte."""
+    """Turns by class and outcome, proxied bytes, time to first byte and the dataplane's own
+    share of it, open streams, the scheduler link."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Kept by the proxy around each streamed relay; read at scrape time.
+        self.open_streams = 0
+        self.link: LinkState | None = None
         turns = Counter(
             "luftpause_dataplane_turns",
             "Turns that reached the scheduler, by service class and outcome.",
@@ -33,7 +91,8 @@ class Metrics:
         }
         proxied = Counter(
             "luftpause_dataplane_proxied_bytes",
-            "Body bytes proxied: request to the engine, response to the client.",
+            "Body bytes proxied, counted when each turn ends: request (to the engine) and "
+            "response (streamed or not, to the client).",
             ["direction"],
             registry=self.registry,
         )
@@ -48,6 +107,17 @@ class Metrics:
             registry=self.registry,
         )
         self._ttfb = {cls: ttfb.labels(cls.name.lower()) for cls in ServiceClass}
+        added = Histogram(
+            "luftpause_dataplane_added_first_byte_seconds",
+            "The dataplane's own share of a chat completion's time to first byte: from the "
+            "request's arrival to the request going to the engine, less the wait for the "
+            "scheduler's placement (hold included) and for saved slot calls, plus the time from "
+            "the engine's first body bytes arriving to their being sent to the client.",
+            ["service_class"],
+            buckets=_ADDED_BUCKETS,
+            registry=self.registry,
+        )
+        self._added = {cls: added.labels(cls.name.lower()) for cls in ServiceClass}
         self.placed_locally = Counter(
             "luftpause_dataplane_placed_locally",
             "Turns placed on an open replica by this dataplane itself, without a round trip "
@@ -66,6 +136,11 @@ class Metrics:
             for action in ("save", "restore")
             for ok in (True, False)
         }
+        self.registry.register(_StateCollector(self))
+
+    def watch_link(self, link: LinkState) -> None:
+        """Report `link`'s state (up or down, reconnects) at every scrape."""
+        self.link = link
 
     def slot_action(self, action: str, ok: bool) -> None:
         self._slot_actions[(action, ok)].inc()
@@ -80,8 +155,13 @@ class Metrics:
         if response_bytes:
             self._response_bytes.inc(response_bytes)
 
-    def first_byte(self, service_class: ServiceClass, seconds: float) -> None:
+    def first_byte(
+        self, service_class: ServiceClass, seconds: float, added: float | None = None
+    ) -> None:
+        """A turn's time to first byte, and the dataplane's own share of it when known."""
         self._ttfb[service_class].observe(seconds)
+        if added is not None:
+            self._added[service_class].observe(added)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,11 +17,17 @@ Client disconnects are detected by aiohttp cancelling this handler (the server r
 `handler_cancellation=True`) or by a write failing; in both cases the `finally` blocks close the
 engine response (its socket, so the engine stops) and end the turn (abandoned while held,
 failed once placed).
+
+The dataplane's own share of the time to first byte (`Metrics.first_byte`'s `added`) is the
+time from the request's arrival to the request going to the engine, less the waits for others
+(the scheduler's placement, hold included, and saved slot calls to the engine), plus the time
+from the engine's first body bytes arriving to their being sent on.
 """
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 from uuid import uuid4
 
 import structlog
@@ -57,13 +63,19 @@ from luftpause.dataplane.sse import SseObserver
 from luftpause.dataplane.transport import EngineResponse
 from luftpause.dataplane.turn import Turn
 
+if TYPE_CHECKING:
+    from luftpause.dataplane.spans import TurnSpan
+
 CLIENT_GONE = "client disconnected"
 
 log = structlog.get_logger("luftpause.dataplane.proxy")
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    """Proxy one turn; every response carries `x-luftpause-run-id`."""
+async def chat_completions(
+    request: web.Request, traced: TurnSpan | None = None
+) -> web.StreamResponse:
+    """Proxy one turn; every response carries `x-luftpause-run-id`. With tracing on,
+    `spans.traced` passes the turn's span in `traced`."""
     arrived = time.perf_counter()
     dp = request.app[DATAPLANE]
     run_id = request.headers.get(RUN_ID_HEADER, "").strip()
@@ -85,7 +97,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         service_class=service_class,
         caller=cut_caller(request.headers.get(CALLER_HEADER)),
         request_bytes=len(body),
+        span=traced,
     )
+    if traced is not None:
+        traced.request(
+            model=model,
+            run_id=run_id,
+            turn_id=turn.turn_id,
+            service_class=service_class.name.lower(),
+            caller=turn.caller,
+        )
     # A run this dataplane has not served may be new: its opening says where it may be cached.
     opening = opening_keys(messages, tools) if run_id not in dp.runs.runs else ()
     try:
@@ -124,8 +145,11 @@ async def _admit_and_proxy(
         prompt_bytes=turn.request_bytes,
         opening=opening,
     )
+    if turn.span is not None:
+        admit.traceparent = turn.span.traceparent
     runs = dp.runs
     local = None
+    waited = 0.0  # for the scheduler and slot calls: not the dataplane's own time
     if dp.local_placement:
         local = choose_open(
             dp.link.open_for(turn.model),
@@ -144,11 +168,13 @@ async def _admit_and_proxy(
         dp.link.placed(admit)
         dp.metrics.placed_locally.inc()
     else:
+        asked = time.perf_counter()
         try:
             reply = await dp.link.admit(admit)
         except (ModelNotFound, SchedulerError) as exc:
             turn.rejected()
             return json_error(exc.status, exc.message, run_id=turn.run_id)
+        waited = time.perf_counter() - asked
         if request.transport is None or request.transport.is_closing():
             turn.placed(reply.replica_id)
             turn.failed(CLIENT_GONE)  # placed as the client left: free the slot, send nothing
@@ -163,11 +189,16 @@ async def _admit_and_proxy(
         dp.openings.record(replica_id, opening)
     url = replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
+    if turn.span is not None:
+        held_ms = 0.0 if local is not None else reply.held_ms
+        turn.span.placed(replica_id, held_ms, locally=local is not None)
+        turn.span.outgoing(headers)
     if priority is not None or slot is not None:  # most engines take the client's body as is
         fields = {"priority": priority, "id_slot": slot}
         body = with_fields(body, {k: v for k, v in fields.items() if v is not None})
     turn.started()
     if slot is not None and (save is not None or restore is not None):
+        preparing = time.perf_counter()
         await prepare_slot(
             dp.transport,
             dp.metrics,
@@ -179,6 +210,8 @@ async def _admit_and_proxy(
             save=save,
             restore=restore,
         )
+        waited += time.perf_counter() - preparing
+    own = time.perf_counter() - arrived - waited
     try:
         engine = await dp.transport.send(url, headers, body)
     except EngineUnreachable as exc:
@@ -189,8 +222,12 @@ async def _admit_and_proxy(
         if not 200 <= engine.status < 300:
             return await _relay_refusal(turn, engine)
         if is_event_stream(engine.headers):
-            return await _relay_stream(request, dp, turn, engine, arrived)
-        return await _relay_body(dp, turn, engine, arrived)
+            dp.metrics.open_streams += 1
+            try:
+                return await _relay_stream(request, dp, turn, engine, arrived, own)
+            finally:
+                dp.metrics.open_streams -= 1
+        return await _relay_body(dp, turn, engine, arrived, own)
     finally:
         engine.close()
 
@@ -212,17 +249,21 @@ async def _relay_refusal(turn: Turn, engine: EngineResponse) -> web.Response:
 
 
 async def _relay_body(
-    dp: Dataplane, turn: Turn, engine: EngineResponse, arrived: float
+    dp: Dataplane, turn: Turn, engine: EngineResponse, arrived: float, own: float
 ) -> web.Response:
     try:
         data = await engine.read()
+        received = time.perf_counter()
     except EngineStreamBroken as exc:
         log.warning("engine reply broke off", replica=turn.replica_id, error=exc.message)
         turn.failed(f"engine reply broke off: {exc.message}")
         return json_error(502, f"engine {turn.replica_id}: {exc.message}", run_id=turn.run_id)
     turn.response_bytes = len(data)
     turn.finished(summarize_completion(data))
-    dp.metrics.first_byte(turn.service_class, time.perf_counter() - arrived)
+    now = time.perf_counter()
+    dp.metrics.first_byte(turn.service_class, now - arrived, own + now - received)
+    if turn.span is not None:
+        turn.span.first_byte(now - arrived)
     return web.Response(
         status=engine.status,
         body=data,
@@ -231,7 +272,12 @@ async def _relay_body(
 
 
 async def _relay_stream(
-    request: web.Request, dp: Dataplane, turn: Turn, engine: EngineResponse, arrived: float
+    request: web.Request,
+    dp: Dataplane,
+    turn: Turn,
+    engine: EngineResponse,
+    arrived: float,
+    own: float,
 ) -> web.StreamResponse:
     """Headers at once, then every engine chunk as it comes, observed after it is sent."""
     resp = web.StreamResponse(
@@ -240,11 +286,17 @@ async def _relay_stream(
     await resp.prepare(request)
     observer = SseObserver()
     sent = 0
+    received = 0.0
     try:
         while chunk := await engine.read_chunk():
+            if not sent:
+                received = time.perf_counter()
             await resp.write(chunk)
             if not sent:
-                dp.metrics.first_byte(turn.service_class, time.perf_counter() - arrived)
+                now = time.perf_counter()
+                dp.metrics.first_byte(turn.service_class, now - arrived, own + now - received)
+                if turn.span is not None:
+                    turn.span.first_byte(now - arrived)
             sent += len(chunk)
             if observer.feed(chunk):
                 turn.first_token()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import Enum, auto
+from typing import TYPE_CHECKING
 
 from luftpause.dataplane import wire
 from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
@@ -30,6 +31,9 @@ from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.reply import ReplySummary
 from luftpause.dataplane.runs import RunTable, TurnRecord
 from luftpause.rpc import scheduler_pb2 as pb
+
+if TYPE_CHECKING:
+    from luftpause.dataplane.spans import TurnSpan
 
 
 class State(Enum):
@@ -57,6 +61,7 @@ class Turn:
         "run_id",
         "service_class",
         "single_pass",
+        "span",
         "state",
         "turn_id",
     )
@@ -76,8 +81,11 @@ class Turn:
         metrics: Metrics,
         clock: Callable[[], float],
         single_pass: bool = False,
+        span: TurnSpan | None = None,
     ) -> None:
         self.turn_id = turn_id
+        # With tracing on, the turn's span (`spans`); its events reach it through `report`.
+        self.span = span
         # A single-pass turn (/v1/decide on a classifier) is outside run state: empty run id,
         # never in the run table (so not in a Resync: it lasts milliseconds).
         self.single_pass = single_pass

@@ -1,9 +1,10 @@
 """Bearer auth for the runtime's HTTP surface (`/mcp`, `/status`), as an ASGI wrapper.
 
 Shell module (an ASGI middleware; the decision is `common.auth.bearer_ok`). With a token, every
-HTTP request but `/health` and `/ready` needs `Authorization: Bearer <token>` and otherwise gets
-401 with a JSON error and `WWW-Authenticate: Bearer`; without one, everything passes (the runtime's
-`main` logs a warning). The same token is what the runtime sends to the dataplane.
+HTTP request but `/health`, `/ready` and `/metrics` needs `Authorization: Bearer <token>` and
+otherwise gets 401 with a JSON error and `WWW-Authenticate: Bearer`; without one, everything
+passes (the runtime's `main` logs a warning). The same token is what the runtime sends to the
+dataplane. CORS for `/status` (its preflight included) is `cors`'s, outside this wrapper.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from luftpause.common.auth import CHALLENGE, bearer_ok
 
-OPEN_PATHS = frozenset({"/health", "/ready"})
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 Scope = dict[str, Any]
 Receive = Any

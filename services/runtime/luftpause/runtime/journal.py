@@ -12,6 +12,10 @@ JSON object per line, each ending in a newline; every record carries the format 
     {"v":1,"type":"approval","run":H,"call":CALL,"tool":NAME,"allow":true|false}
     {"v":1,"type":"exceeded","run":H,"which":"tokens|toolCalls|seconds","used":U,"limit":L}
 
+A spawned record's spec carries `"traceparent"` (the W3C trace context of the run's
+`invoke_agent` span) when the runtime traces; the field is optional in format 1 (a spec without
+it reads as untraced), so a resumed run's new span can link to the trace it began in.
+
 A `turn` record is written only for a turn with a call that waits for the user's approval,
 before the first question of its round; the round record that completes it follows later.
 

@@ -3,7 +3,8 @@ decisions through the dataplane's POST /v1/decide.
 
 Shell module (network I/O). A 429 is retried after its Retry-After (else 1 s) for as long as
 the run lives (cancelling the run's task ends the wait); any other failure is retried a few
-times with backoff, then raised as `TurnError` and the run fails with it.
+times with backoff, then raised as `TurnError` and the run fails with it. With tracing on, each
+request is a `chat` span (`spans`) whose traceparent goes to the dataplane.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import aiohttp
 import openai
 import structlog
 from openai import AsyncOpenAI
+from opentelemetry.trace import Span
 
+from luftpause.common import tracing
+from luftpause.runtime import spans
 from luftpause.runtime.errors import TurnError
 from luftpause.runtime.hygiene import recover_text_calls
 from luftpause.runtime.machine import RunSpec, ToolCall, TurnCompleted, Usage
@@ -77,7 +81,10 @@ class Llm:
         while True:
             started = time.monotonic()
             try:
-                return await self._once(spec, messages, tools, calls, started)
+                if not tracing.enabled():
+                    return await self._once(spec, messages, tools, calls, started)
+                with spans.chat(spec) as span:
+                    return await self._once(spec, messages, tools, calls, started, span)
             except openai.RateLimitError as exc:
                 delay = retry_after(exc.response.headers)
                 log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
@@ -97,6 +104,7 @@ class Llm:
         tools: list[dict[str, Any]],
         allow_calls: bool,
         started: float,
+        span: Span | None = None,
     ) -> TurnCompleted:
         extra: dict[str, Any] = {}
         if tools:
@@ -105,14 +113,15 @@ class Llm:
                 extra["tool_choice"] = "none"
         if spec.max_tokens:
             extra["max_tokens"] = spec.max_tokens
+        headers = {
+            "x-luftpause-run-id": spec.handle,
+            "x-luftpause-class": spec.service_class,
+            "x-luftpause-caller": spec.caller,
+        }
         reply = await self.client.chat.completions.create(
             model=spec.model,
             messages=list(messages),  # type: ignore[arg-type]
-            extra_headers={
-                "x-luftpause-run-id": spec.handle,
-                "x-luftpause-class": spec.service_class,
-                "x-luftpause-caller": spec.caller,
-            },
+            extra_headers=headers if span is None else spans.chat_headers(span, headers),
             **extra,
         )
         if not reply.choices:
@@ -141,6 +150,8 @@ class Llm:
             completion_tokens=reply.usage.completion_tokens if reply.usage else 0,
             turn_seconds=time.monotonic() - started,
         )
+        if span is not None:
+            spans.chat_reply(span, reply, usage)
         return TurnCompleted(content=content, tool_calls=calls, usage=usage)
 
     def _session(self) -> aiohttp.ClientSession:

@@ -8,6 +8,10 @@ Shell module. Serves on one port:
     GET /status            the run tree with each run's own work and subtree totals
     GET /health            liveness: 200 while the process serves
     GET /ready             readiness: 200 while the dataplane answers its own /ready
+    GET /metrics           Prometheus metrics (`metrics`); open like /health
+
+`/status` answers CORS for the origins of `--cors-origin` (`cors`), so the scheduler's status
+page can show the run tree.
 
 Every option can also come from its `LUFTPAUSE_*` variable (`common.envargs`).
 """
@@ -27,12 +31,15 @@ from typing import Any
 import structlog
 import uvicorn
 
-from luftpause.common import envargs
+from luftpause.common import envargs, tracing
 from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
+from luftpause.runtime import spans
 from luftpause.runtime.auth import BearerAuth
+from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
 from luftpause.runtime.llm import Llm
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.readiness import DataplaneReadiness
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, spec_from
@@ -55,6 +62,7 @@ class RuntimeConfig:
     state_dir: Path = Path("state")
     model: str = "luftpause-sim"
     decide_model: str | None = None
+    cors_origins: tuple[str, ...] = DEFAULT_ORIGINS
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -83,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default="state", help="where runs.jsonl lives")
     p.add_argument("--model", default="luftpause-sim", help="default model for spawn")
     p.add_argument("--decide-model", help="single-pass model for decide without labels")
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="origin whose pages may read GET /status, e.g. the scheduler's status page "
+        f"(default {' and '.join(DEFAULT_ORIGINS)}; * for any); repeatable",
+    )
     return p
 
 
@@ -101,6 +116,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             state_dir=Path(ns.state_dir),
             model=ns.model,
             decide_model=ns.decide_model,
+            cors_origins=tuple(ns.cors_origin or DEFAULT_ORIGINS),
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -127,13 +143,18 @@ async def serve(
     if token is None:
         log.warning(f"auth is off: {TOKEN_ENV} is not set, every MCP client is accepted")
     llm = Llm(config.dataplane, token=token.decode() if token else None)
-    runtime = Runtime(JournalFile(config.state_dir), llm, upstreams)
+    metrics = RuntimeMetrics()
+    observe = metrics.journal_append.observe
+    runtime = Runtime(
+        JournalFile(config.state_dir, observe=observe), llm, upstreams, metrics=metrics
+    )
     resumed = runtime.resume()
 
     async def spawn(args: dict[str, Any], caller: str) -> str:
         return await runtime.spawn(spec_from(args, caller, config.model))
 
-    tasks = TasksExtension(runtime, JournalFile(config.state_dir, TASKS_NAME), spawn)
+    task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe)
+    tasks = TasksExtension(runtime, task_file, spawn)
     await tasks.resume()
     readiness = DataplaneReadiness(config.dataplane)
     server_ = build_server(
@@ -143,12 +164,15 @@ async def serve(
         extensions=[tasks],
         readiness=readiness.check,
     )
-    app = BearerAuth(
-        server_.streamable_http_app(streamable_http_path="/mcp", host=config.host), token
+    app = StatusCors(
+        BearerAuth(
+            server_.streamable_http_app(streamable_http_path="/mcp", host=config.host), token
+        ),
+        config.cors_origins,
     )
     server = _Uvicorn(
         uvicorn.Config(
-            app,
+            spans.TraceHeaders(app) if tracing.enabled() else app,
             host=config.host,
             port=config.port,
             log_config=None,
@@ -178,5 +202,6 @@ async def serve(
 def main(argv: list[str]) -> int:
     """Entry point of `luftpause runtime`."""
     config = parse_args(argv)
+    tracing.setup("runtime")
     log = setup_logging("runtime")
     return run_async(lambda stop: serve(config, stop, log), name="runtime")

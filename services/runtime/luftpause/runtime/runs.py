@@ -11,6 +11,9 @@ Budgets (`budget`) are checked after every turn and tool round, on spawn, and by
 seconds budget; a budget past its limit is journaled, then its subtree cancelled with the reason.
 A tool call that needs approval waits on a future that `approve` (or an await's elicitation,
 see `server`) resolves; the answer is journaled before the call runs or is declined.
+Spawns, ends, tool calls and budget trips are counted in `metrics` where they happen.
+With tracing on, a run's task runs inside its `invoke_agent` span and each tool call inside an
+`execute_tool` span (`spans`); the run's span context is journaled with its spec.
 """
 
 from __future__ import annotations
@@ -24,11 +27,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
-from luftpause.runtime import budget, hygiene, journal
+from luftpause.common import tracing
+from luftpause.runtime import budget, hygiene, journal, spans
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import RequestError, TurnError
 from luftpause.runtime.llm import Llm
+from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.upstream import Upstreams, UpstreamTool
 
@@ -56,6 +63,8 @@ class Run:
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
     approval: Approval | None = None
+    # With tracing on, the run's `invoke_agent` span (`spans`), ended when its task ends.
+    span: Span | None = None
 
 
 class Runtime:
@@ -68,12 +77,15 @@ class Runtime:
         upstreams: Upstreams,
         *,
         clock: Callable[[], float] = time.time,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.journal = journal_file
         self.llm = llm
         self.upstreams = upstreams
         self.clock = clock
         self.runs: dict[str, Run] = {}
+        self.metrics = RuntimeMetrics() if metrics is None else metrics
+        self.metrics.bind(self.runs)
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._approval_waiters: set[asyncio.Event] = set()
@@ -91,6 +103,8 @@ class Runtime:
             if state.phase.over:
                 run.done.set()
             else:
+                if tracing.enabled():
+                    run.span = spans.resume_run(state.spec)
                 self._start(run)
                 resumed += 1
         for handle, run in self.runs.items():
@@ -107,11 +121,15 @@ class Runtime:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for run in self.runs.values():  # a task cancelled before it ran never ended its span
+            if run.span is not None and run.span.is_recording():
+                spans.ended(run.span, run.state)
         self.journal.close()
 
     # --- tools ---
 
-    async def spawn(self, spec: m.RunSpec) -> str:
+    async def spawn(self, spec: m.RunSpec, *, caller_trace: str | None = None) -> str:
+        """Start a run; `caller_trace` is the traceparent of the request that asked for it."""
         if spec.parent is not None:
             if spec.parent not in self.runs:
                 raise RequestError(f"unknown parent run {spec.parent}")
@@ -119,11 +137,15 @@ class Runtime:
             if blocked is not None:
                 raise RequestError(f"parent's {blocked.reason}")
         spec = replace(spec, spawned_at=self.clock())
+        span = self._run_span(spec, caller_trace) if tracing.enabled() else None
+        if span is not None:
+            spec = replace(spec, traceparent=tracing.traceparent_of(span) or None)
         await self.journal.append(journal.spawned_record(spec))
-        run = Run(state=m.start(spec))
+        run = Run(state=m.start(spec), span=span)
         self.runs[spec.handle] = run
         self._start(run)
         self._start_timer(run)
+        self.metrics.spawned(spec.service_class)
         log.info("run.spawned", run=spec.handle, parent=spec.parent)
         await self._check_budget(spec.handle)
         return spec.handle
@@ -228,7 +250,26 @@ class Runtime:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
+    def _run_span(self, spec: m.RunSpec, caller_trace: str | None) -> Span:
+        parent = self.runs.get(spec.parent) if spec.parent is not None else None
+        context = spans.parent_context(
+            parent.span if parent is not None else None,
+            parent.state.spec.traceparent if parent is not None else None,
+            caller_trace,
+        )
+        return spans.start_run(spec, context)
+
     async def _drive(self, run: Run) -> None:
+        if run.span is None:
+            await self._steps(run)
+            return
+        try:
+            with trace.use_span(run.span):
+                await self._steps(run)
+        finally:
+            spans.ended(run.span, run.state)
+
+    async def _steps(self, run: Run) -> None:
         handle = run.state.spec.handle
         try:
             while (decision := m.next_decision(run.state)) is not None:
@@ -264,6 +305,7 @@ class Runtime:
                 await self.journal.append(record)
             if isinstance(d, m.RecordFinished):
                 run.done.set()
+                self.metrics.finished(run.state.spec.service_class, d.phase)
                 log.info("run.over", run=handle, state=d.phase.value, error=d.error)
                 await self.llm.forget_run(handle)
 
@@ -286,6 +328,7 @@ class Runtime:
         """Trip every budget at or above `handle` that is past a limit."""
         for h, exceeded in budget.check(self.runs, handle, self.clock()):
             await self._apply(self.runs[h], m.BudgetExceeded(exceeded=exceeded))
+            self.metrics.budget_tripped(exceeded.which)
             log.info("run.budget_exceeded", run=h, reason=exceeded.reason)
             # In the background: the run calling this may be in the subtree it cancels.
             self._background_task(self.cancel(h, exceeded.reason))
@@ -316,14 +359,15 @@ class Runtime:
             if tool is not None and (tool.destructive or c.name in spec.approve_tools):
                 answer = run.state.approval(c.id)
                 allowed[c.id] = await self._ask(run, c) if answer is None else answer
-        return tuple(
-            await asyncio.gather(
-                *(
-                    self._call_one(c, offered) if allowed.get(c.id, True) else _declined(c)
-                    for c in calls
-                )
+        results = await asyncio.gather(
+            *(
+                self._call_one(c, offered) if allowed.get(c.id, True) else _declined(c)
+                for c in calls
             )
         )
+        for r in results:
+            self.metrics.tool_called(r.name if r.name in offered else UNKNOWN_TOOL, r.ok)
+        return tuple(results)
 
     async def _ask(self, run: Run, call: m.ToolCall) -> bool:
         """Wait for the user's answer about one call; journal it; return it.
@@ -346,6 +390,16 @@ class Runtime:
         return allow
 
     async def _call_one(self, call: m.ToolCall, offered: dict[str, UpstreamTool]) -> m.ToolResult:
+        if not tracing.enabled():
+            return await self._call_untraced(call, offered)
+        with spans.tool(call, offered.get(call.name)) as span:
+            result = await self._call_untraced(call, offered)
+            spans.tool_result(span, result)
+            return result
+
+    async def _call_untraced(
+        self, call: m.ToolCall, offered: dict[str, UpstreamTool]
+    ) -> m.ToolResult:
         tool = offered.get(call.name)
         if tool is None:
             names = ", ".join(sorted(offered)) or "none"

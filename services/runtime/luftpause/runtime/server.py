@@ -1,5 +1,6 @@
 """The MCP face of the runtime: tools spawn, await, run, status, cancel, approve, decide,
-tools; GET /status, GET /health (liveness) and GET /ready (readiness: its dataplane is ready).
+tools; GET /status, GET /health (liveness), GET /ready (readiness: its dataplane is ready) and
+GET /metrics (Prometheus, see `metrics`).
 
 Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus JSON status,
 health and readiness routes. Every tool answers with structured JSON; the work is
@@ -16,12 +17,14 @@ from mcp.server.extension import Extension
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import InputRequiredResult, ToolAnnotations
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from luftpause.common import tracing
 from luftpause.runtime import machine as m
-from luftpause.runtime import tree
+from luftpause.runtime import spans, tree
 from luftpause.runtime.ask import covering_wait
 from luftpause.runtime.errors import RequestError, TurnError
 from luftpause.runtime.readiness import Verdict
@@ -108,6 +111,8 @@ def build_server(
     async def do_spawn(args: dict[str, Any], ctx: Context[Any, Any] | None) -> str:
         spec = spec_from(args, caller_of(ctx), default_model)
         with _told_to_client():
+            if tracing.enabled():  # the run's span hangs under the caller's trace
+                return await runtime.spawn(spec, caller_trace=spans.caller_traceparent(ctx))
             return await runtime.spawn(spec)
 
     @server.tool(name="spawn", structured_output=True)
@@ -219,6 +224,12 @@ def build_server(
     @server.custom_route("/status", methods=["GET"])
     async def status_route(request: Request) -> Response:
         return JSONResponse(tree.status(runtime.runs, runtime.clock()))
+
+    @server.custom_route("/metrics", methods=["GET"])
+    async def metrics_route(request: Request) -> Response:
+        """Prometheus metrics; open like /health."""
+        # The text format generate_latest writes, as the scheduler and dataplane label it.
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
     @server.custom_route("/health", methods=["GET"])
     async def health_route(request: Request) -> Response:

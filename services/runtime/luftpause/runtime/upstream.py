@@ -2,7 +2,8 @@
 
 Shell module (network I/O through the official `mcp` client). A server is a Streamable HTTP
 URL or a command line run as a child process that speaks MCP over stdio (`stdio:` names it in
-the catalogue); a stdio server that exits is started again like a broken session. Runs see
+the catalogue); a stdio server that exits is started again like a broken session. With tracing
+on, HTTP requests carry the current span's `traceparent` header (`spans.traced_http`). Runs see
 the union of the servers' tools (the first server wins a name clash) as OpenAI function tools,
 and call them through `Upstreams.call`, which never raises: a failure is a failed `ToolResult`
 the model reads.
@@ -20,9 +21,12 @@ from typing import Any
 
 import structlog
 from mcp import Client
+from mcp.client import Transport
 from mcp.client.stdio import StdioServerParameters
 from mcp.types import CallToolResult, TextContent, Tool
 
+from luftpause.common import tracing
+from luftpause.runtime import spans
 from luftpause.runtime.machine import ToolCall, ToolResult
 
 CONNECT_TIMEOUT = 10.0
@@ -92,7 +96,10 @@ class UpstreamServer:
     async def _keep(self) -> None:
         while True:
             try:
-                async with Client(self._target, read_timeout_seconds=TOOL_TIMEOUT) as client:
+                target: str | StdioServerParameters | Transport = self._target
+                if tracing.enabled() and isinstance(target, str):
+                    target = spans.traced_http(target)
+                async with Client(target, read_timeout_seconds=TOOL_TIMEOUT) as client:
                     self._tools = list((await client.list_tools()).tools)
                     self._client = client
                     self._up.set()

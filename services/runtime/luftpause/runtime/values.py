@@ -34,6 +34,8 @@ class RunSpec:
     budget_seconds: float | None = None
     approve_tools: tuple[str, ...] = ()
     spawned_at: float = 0.0
+    # The W3C traceparent of the run's `invoke_agent` span, when the runtime traces (`spans`).
+    traceparent: str | None = None
 
     def __post_init__(self) -> None:
         if not self.handle or not self.task or not self.model:
@@ -51,7 +53,7 @@ class RunSpec:
                 raise ValueError(f"{name} must be at least 0")
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "handle": self.handle,
             "task": self.task,
             "model": self.model,
@@ -69,6 +71,9 @@ class RunSpec:
             "approveTools": list(self.approve_tools),
             "spawnedAt": self.spawned_at,
         }
+        if self.traceparent is not None:  # optional in format 1: specs without it read as None
+            out["traceparent"] = self.traceparent
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunSpec:
@@ -90,7 +95,12 @@ class RunSpec:
             budget_seconds=_opt_float(data.get("budgetSeconds")),
             approve_tools=tuple(str(t) for t in data.get("approveTools") or ()),
             spawned_at=float(data.get("spawnedAt", 0.0)),
+            traceparent=_opt_str(data.get("traceparent")),
         )
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _opt_int(value: Any) -> int | None:

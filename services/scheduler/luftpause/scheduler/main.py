@@ -22,7 +22,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from luftpause.common import envargs
+from luftpause.common import envargs, tracing
 from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import StartupError, run_async
@@ -68,13 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
         default=PROBE_PERIOD_S,
         help="seconds between probes, also the probe timeout (default 2)",
     )
+    p.add_argument(
+        "--runtime-url",
+        default="",
+        metavar="URL",
+        help="the runtime whose run tree the status page shows, e.g. http://127.0.0.1:7000 "
+        "(its /status is read by the browser; the runtime must allow this page's origin)",
+    )
     return p
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Options from argv, each defaulting from its `LUFTPAUSE_*` variable."""
     env = os.environ if environ is None else environ
-    return envargs.parse_args(build_parser(), argv, env, aliases=ENV_ALIASES)
+    parser = build_parser()
+    args = envargs.parse_args(parser, argv, env, aliases=ENV_ALIASES)
+    if args.runtime_url and not args.runtime_url.startswith(("http://", "https://")):
+        parser.error(f"--runtime-url: not an http(s) URL: {args.runtime_url!r}")
+    args.runtime_url = args.runtime_url.rstrip("/")
+    return args
 
 
 async def _ticker(host: SchedulerHost) -> None:
@@ -115,7 +127,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     await health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     prober = Prober(host, config.endpoints, period=args.probe_period)
-    runner = web.AppRunner(build_app(host, ready=prober.probed.is_set), access_log=None)
+    app = build_app(host, ready=prober.probed.is_set, runtime_url=args.runtime_url)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, args.host, args.http_port).start()
@@ -157,6 +170,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"luftpause scheduler: {exc}")
         return 2
+    tracing.setup("scheduler")
     return run_async(
         lambda stop: serve(args, stop), signals=(signal.SIGINT, signal.SIGTERM), name="scheduler"
     )

@@ -1,8 +1,9 @@
 """Prometheus metrics of the scheduler, in its own registry (served on :5001/metrics).
 
 Shell layer. Counters and histograms are updated as actions happen; gauges that describe the
-state (in flight per replica, held turns, runs by phase) are read from the state at scrape time
-by a collector, so the hot path pays nothing for them.
+state (per replica: in flight, capacity, engine load, KV pool and resident runs; held turns,
+runs by phase) are read from the state at scrape time by a collector, so the hot path pays
+nothing for them.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class _StateCollector(Collector):
             healthy.add_metric([r.id], 1.0 if r.healthy else 0.0)
             if r.capacity is not None:
                 capacity.add_metric([r.id], r.capacity)
+        yield from (in_flight, capacity, healthy)
+        yield from _pool(state)
         held = GaugeMetricFamily(
             "luftpause_held_turns", "Turns waiting for a replica", labels=["class"]
         )
@@ -67,7 +70,55 @@ class _StateCollector(Collector):
             by[key] = by.get(key, 0) + 1
         for (phase, cls), n in sorted(by.items()):
             runs.add_metric([phase, cls], n)
-        yield from (in_flight, capacity, healthy, held, runs)
+        yield from (held, runs)
+
+
+def _pool(state: State) -> Iterator[Metric]:
+    """Each replica's engine load and KV pool against the runs resident there."""
+    running = GaugeMetricFamily(
+        "luftpause_replica_engine_running_requests",
+        "Requests the replica's engine runs, from its last probe (absent while it says none)",
+        labels=["replica"],
+    )
+    waiting = GaugeMetricFamily(
+        "luftpause_replica_engine_waiting_requests",
+        "Requests the replica's engine queues, from its last probe (absent while it says none)",
+        labels=["replica"],
+    )
+    pool = GaugeMetricFamily(
+        "luftpause_replica_kv_pool_tokens",
+        "The engine's KV pool in tokens (endpoint kv_tokens or the engine's; absent if unknown)",
+        labels=["replica"],
+    )
+    used = GaugeMetricFamily(
+        "luftpause_replica_kv_used_tokens",
+        "KV tokens the engine's batch held at its last probe (absent if unknown)",
+        labels=["replica"],
+    )
+    resident = GaugeMetricFamily(
+        "luftpause_replica_resident_tokens",
+        "Sum of the KV footprints of the runs resident on the replica",
+        labels=["replica"],
+    )
+    resident_runs = GaugeMetricFamily(
+        "luftpause_replica_resident_runs", "Runs resident on the replica", labels=["replica"]
+    )
+    counts = dict.fromkeys(state.replicas, 0)
+    for run in state.runs.values():
+        if run.footprint and run.replica in counts:
+            counts[run.replica] += 1
+    for r in state.replicas.values():
+        for family, value in (
+            (running, r.engine_running),
+            (waiting, r.engine_waiting),
+            (pool, r.kv_tokens),
+            (used, r.kv_used),
+        ):
+            if value is not None:
+                family.add_metric([r.id], value)
+        resident.add_metric([r.id], r.resident_tokens)
+        resident_runs.add_metric([r.id], counts[r.id])
+    yield from (running, waiting, pool, used, resident, resident_runs)
 
 
 class SchedulerMetrics:

@@ -14,9 +14,12 @@ from collections.abc import AsyncIterator
 
 import grpc
 import structlog
+from opentelemetry.trace import Span
 
+from luftpause.common import tracing
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
+from luftpause.scheduler import spans
 from luftpause.scheduler.core import events as e
 from luftpause.scheduler.core import model as m
 from luftpause.scheduler.core.placement import open_replicas
@@ -46,6 +49,14 @@ DATAPLANE_METADATA = "x-luftpause-dataplane"
 MIN_WATCH_INTERVAL_MS = 100
 # More keys than a dataplane sends (tools and four messages) are never read.
 MAX_OPENING_KEYS = 8
+
+
+def traceparent_of(context: grpc.aio.ServicerContext) -> str:
+    """The `traceparent` a unary call carries in its metadata ("" if none)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == tracing.TRACEPARENT and isinstance(value, str):
+            return value
+    return ""
 
 
 def dataplane_of(context: grpc.aio.ServicerContext) -> str:
@@ -235,6 +246,8 @@ class _Session:
         self._context = context
         self.dataplane = dataplane
         self._waiting: dict[str, tuple[asyncio.Future[e.Place], float]] = {}
+        # With tracing on, the `admit` spans of the admissions still waiting.
+        self._spans: dict[str, Span] = {}
         # Placements, the open replicas, and (as plain strings) ids of runs taken elsewhere.
         self._out: asyncio.Queue[pb.Placement | pb.OpenReplicas | str] = asyncio.Queue()
         self._out.put_nowait(opened)
@@ -270,17 +283,28 @@ class _Session:
         if request.placed_replica_id and not request.single_pass:
             host.metrics.placed_by_dataplane.inc()
             host.apply(_admit_event(host, request))
+            if tracing.enabled():
+                spans.reported(request)
             return
+        span = spans.start(request) if tracing.enabled() else None
         fut = host.wait_for(turn_id)
         self._waiting[turn_id] = (fut, time.perf_counter())
         fut.add_done_callback(lambda f: self._resolved(turn_id, f))
         host.apply(_admit_event(host, request))
+        if span is not None:
+            self._spans[turn_id] = span
+            spans.admitted(span, host.state, turn_id)
 
     def _resolved(self, turn_id: str, fut: asyncio.Future[e.Place]) -> None:
         if fut.cancelled():
             return
         _, started = self._waiting.pop(turn_id, (fut, 0.0))
+        span = self._spans.pop(turn_id, None) if self._spans else None
         exc = fut.exception()
+        if span is not None and exc is None:
+            spans.placed(span, fut.result())
+        elif span is not None:
+            spans.refused(span, str(exc))
         if exc is not None:
             rejected = isinstance(exc, TurnRejected)
             code = grpc.StatusCode.NOT_FOUND if rejected else grpc.StatusCode.INTERNAL
@@ -316,6 +340,9 @@ class _Session:
         for turn_id, (fut, _) in waiting.items():
             self._host.give_up(turn_id, fut)
             fut.cancel()
+        for span in self._spans.values():
+            spans.abandoned(span)
+        self._spans.clear()
         self._writer.cancel()
 
     async def drained(self) -> None:
@@ -354,16 +381,25 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         if _missing_fields(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _MISSING)
         host = self.host
+        span = spans.start(request, traceparent_of(context)) if tracing.enabled() else None
         fut = host.wait_for(request.turn_id)
         host.apply(_admit_event(host, request))
+        if span is not None:
+            spans.admitted(span, host.state, request.turn_id)
         try:
             place = await fut
         except TurnRejected as exc:
+            if span is not None:
+                spans.refused(span, str(exc))
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         except asyncio.CancelledError:
+            if span is not None:
+                spans.abandoned(span)
             host.give_up(request.turn_id, fut)
             raise
         host.metrics.admit_seconds.observe(time.perf_counter() - started)
+        if span is not None:
+            spans.placed(span, place)
         return _reply(place)
 
     async def Session(
