@@ -299,7 +299,7 @@ async def test_debug_requests_show_every_header_and_reset_clears_them() -> None:
             False,
             "/v1/chat/completions",
         )
-        assert seen[0]["tcp_nodelay"] is True
+        assert seen[0]["tcp_nodelay"] is True and seen[0]["max_tokens"] == 2
         async with http.post(server.url + "/debug/reset") as resp:
             assert resp.status == 200
         async with http.get(server.url + "/debug/requests") as resp:

@@ -120,6 +120,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # llama.cpp's `id_slot` means nothing here (no slots); the log shows what was asked for.
     slot = chat.body.get("id_slot")
     entry.update(model=chat.model, stream=chat.stream, priority=chat.priority, id_slot=slot)
+    entry["max_tokens"] = chat.body.get("max_tokens")  # as sent (null: none), not as reserved
     if chat.fail is not None and chat.fail.status is not None:
         raise _injected(chat.fail.status)
     text = render_prompt(chat.body["messages"], chat.body.get("tools"))
