@@ -1,21 +1,32 @@
 """Decision-core throughput and how it grows with live runs; Resync of a large dataplane.
 
-Run: `.venv/bin/python -m bench.scheduler_core [--runs 1000 10000 100000] [--events 100000]`.
+Run: `.venv/bin/python -m bench.scheduler_core [--runs 1000 10000 100000] [--events 100000]
+[--against REF]`.
 One process, one core, no I/O: `decide()` alone, 32 replicas, 16 callers. Two pools: engines
 with room (no queue reported, so uncapped), and saturated engines, each capped at 48 turns (its
 engine reports a queue), so that with more runs than slots turns are held and drained as slots
 free, which is where a scheduler earns its keep. The event mix is closed-loop agent traffic:
 a turn ends (half of them in tool calls), its run's next turn is admitted; every 1,000 events
 each replica is probed and the clock ticks. Writes bench/results/scheduler_core.json.
+
+`--against REF` measures the core of another commit (a git ref) beside this one: its tree is
+checked out into a temporary git worktree, and every trial runs in a fresh process, this
+tree's and the other's alternated (new, old, new, old, ...), so both see the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from bench.common import write_result
@@ -32,7 +43,8 @@ from luftpause.scheduler.core.events import (
     TurnFinished,
     TurnSnapshot,
 )
-from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.model import Phase, ServiceClass
+from luftpause.scheduler.core.state import State
 
 REPLICAS = 32
 SLOTS_PER_REPLICA = 48
@@ -128,6 +140,88 @@ def measure(runs: int, events: int, seed: int, saturated: bool = True) -> dict[s
     }
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def import_path(tree: Path) -> str:
+    """PYTHONPATH that makes `tree`'s luftpause and bench the ones imported (before the venv's)."""
+    parts = [tree, *sorted((tree / "services").glob("*")), tree / "testkit", tree / "src"]
+    return os.pathsep.join(str(p) for p in parts if p.is_dir())
+
+
+def measure_in(tree: Path, runs: int, events: int, seed: int, saturated: bool) -> dict[str, Any]:
+    """`measure` in a fresh process importing the code of `tree`."""
+    code = (
+        "import json, sys; from bench.scheduler_core import measure; "
+        f"print(json.dumps(measure({runs}, {events}, {seed}, {saturated})))"
+    )
+    env = {**os.environ, "PYTHONPATH": import_path(tree)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"trial in {tree} failed:\n{out.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    rates = [t["events_per_s"] for t in trials]
+    return {
+        **trials[0],
+        "events_per_s": round(statistics.median(rates)),
+        "events_per_s_min": min(rates),
+        "events_per_s_max": max(rates),
+        "us_per_event": round(1e6 / statistics.median(rates), 2),
+        "held_at_end": trials[0]["held_at_end"],
+    }
+
+
+def compare(ref: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """This tree against `ref`, trial by trial alternated, each in its own process."""
+    sha = subprocess.run(
+        ["git", "rev-parse", ref], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="luftpause-core-") as tmp:
+        old = Path(tmp) / "tree"
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(old), sha],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        try:
+            for saturated in (False, True):
+                for runs in args.runs:
+                    new_t, old_t = [], []
+                    for k in range(args.repeats):
+                        new_t.append(measure_in(ROOT, runs, args.events, args.seed + k, saturated))
+                        old_t.append(measure_in(old, runs, args.events, args.seed + k, saturated))
+                    new, was = summary(new_t), summary(old_t)
+                    row = {
+                        "runs": runs,
+                        "saturated": saturated,
+                        "new": new,
+                        "old": was,
+                        "ratio": round(new["events_per_s"] / was["events_per_s"], 2),
+                    }
+                    rows.append(row)
+                    print(
+                        f"{'saturated' if saturated else 'room':>9} {runs:>7} runs: "
+                        f"new {new['events_per_s']:>7} ({new['events_per_s_min']}.."
+                        f"{new['events_per_s_max']}), old {was['events_per_s']:>7} "
+                        f"({was['events_per_s_min']}..{was['events_per_s_max']}) events/s, "
+                        f"{row['ratio']}x",
+                        flush=True,
+                    )
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(old)], cwd=ROOT, capture_output=True
+            )
+    return [{"against": sha, "rows": rows}]
+
+
 def resync_cost(runs: int) -> dict[str, Any]:
     """One dataplane reporting `runs` runs (a fifth of them with a turn in flight)."""
     state = pool()
@@ -172,21 +266,31 @@ def main() -> None:
     p.add_argument("--events", type=int, default=100000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--against", metavar="REF", help="also measure this commit, alternated")
     args = p.parse_args()
+    if args.against:
+        comparison = compare(args.against, args)
+        path = write_result(
+            "scheduler_core_against",
+            {
+                "benchmark": "scheduler_core_against",
+                "replicas": REPLICAS,
+                "slots_per_replica": SLOTS_PER_REPLICA,
+                "callers": CALLERS,
+                "events": args.events,
+                "repeats": args.repeats,
+                "comparison": comparison,
+            },
+        )
+        print(f"wrote {path}")
+        return
     rows = []
     for saturated in (False, True):
         for runs in args.runs:
             trials = [
                 measure(runs, args.events, args.seed + k, saturated) for k in range(args.repeats)
             ]
-            rates = [t["events_per_s"] for t in trials]
-            row = {
-                **trials[0],
-                "events_per_s": round(statistics.median(rates)),
-                "events_per_s_min": min(rates),
-                "events_per_s_max": max(rates),
-                "us_per_event": round(1e6 / statistics.median(rates), 2),
-            }
+            row = summary(trials)
             rows.append(row)
             print(
                 f"{'saturated' if saturated else 'room':>9} {runs:>7} runs: "

@@ -5,7 +5,8 @@ from __future__ import annotations
 from luftpause.common.config import Endpoint, EndpointKind
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import Action, Admit, Event, Place, ProbeResult, TurnFinished
-from luftpause.scheduler.core.model import ServiceClass, State
+from luftpause.scheduler.core.model import ServiceClass
+from luftpause.scheduler.core.state import State
 
 MODEL = "m"
 

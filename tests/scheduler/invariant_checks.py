@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from luftpause.scheduler.core import residency
+from luftpause.scheduler.core import counters, expiry, placement, queues, residency
 from luftpause.scheduler.core.events import (
+    Admit,
     Event,
     Place,
     Resync,
@@ -20,10 +21,9 @@ from luftpause.scheduler.core.model import (
     HeldTurn,
     Run,
     ServiceClass,
-    State,
     Turn,
-    draft,
 )
+from luftpause.scheduler.core.state import Draft, State
 
 
 def stays_home(state: State, run: Run) -> bool:
@@ -79,7 +79,8 @@ def check_residency(state: State) -> None:
             assert run.replica in state.replicas, f"{run.id} resident on no replica"
             totals[run.replica] += run.footprint
     new_run = residency.new_run_tokens(state)
-    rebuilt = residency.rebuild(draft(state))
+    rebuilt = Draft(state)
+    residency.rebuild(rebuilt)
     for rid, replica in state.replicas.items():
         assert replica.resident_tokens == totals[rid], f"{rid}: resident tokens drifted"
         flags = (replica.new_batch_fits, replica.new_interactive_fits)
@@ -106,6 +107,8 @@ def check_kv_rule(before: State, after: State, event: Event, places: list[Place]
         if turn.run_id in seen or turn.single_pass:
             continue
         seen.add(turn.run_id)
+        if isinstance(event, Admit) and event.placed_on and event.run_id == turn.run_id:
+            continue  # resident where its dataplane just placed a turn of it (unchecked)
         if run is not None and run.resident and run.replica != action.replica_id:
             moved_from.add(run.replica)
         if run is not None and (run.pinned or run.resident) and run.replica == action.replica_id:
@@ -128,3 +131,82 @@ def check_kv_rule(before: State, after: State, event: Event, places: list[Place]
             if checked:
                 ok = kv_allows(replica.kv_tokens, total, new_run, cls)
                 assert ok, f"a new {cls} run started on {rid} past its KV pool"
+
+
+def check_rebuilds(state: State, at: float) -> None:
+    """Each index, as kept step by step, equals its owner's rebuild from the facts alone.
+
+    Lazy indexes are compared by what they mean: the turn-timeout order and the queues may hold
+    entries of turns since gone (skipped when read), the run and residency checks may hold
+    stale or early entries (rescheduled when due); what must hold is that every live entry is
+    there, in the order the rebuild gives.
+    """
+    rebuilt = Draft(state)
+    counters.rebuild(rebuilt)
+    assert rebuilt.replicas == state.replicas, "replica counters differ from their rebuild"
+    assert rebuilt.runs == state.runs, "runs' turns in flight differ from their rebuild"
+    assert rebuilt.caller_in_flight == state.caller_in_flight, "caller counts differ"
+
+    rebuilt = Draft(state)
+    placement.rebuild(rebuilt)
+    kept = {k: v for k, v in state.room.items() if v}
+    assert kept == dict(rebuilt.room.items()), "room sets differ from their rebuild"
+
+    rebuilt = Draft(state)
+    residency.rebuild(rebuilt)
+    assert rebuilt.replicas == state.replicas, "resident tokens differ from their rebuild"
+    checked = set().union(*(_chain_ids(c) for c in state.residency_checks.values()))
+    for run in state.runs.values():
+        if run.footprint and run.resident_until > 0 and not run.turns_in_flight:
+            assert run.id in checked, f"{run.id}: its residency is never checked"
+
+    rebuilt = Draft(state)
+    expiry.rebuild(rebuilt, at)
+    live = [
+        tid
+        for order, tid in sorted(state.turn_order.items())
+        if tid in state.turns and state.turns[tid].order == order
+    ]
+    assert live == [tid for _, tid in sorted(rebuilt.turn_order.items())], "turn order differs"
+    for run in state.runs.values():
+        if run.turns_in_flight:
+            continue  # its turns time out; its idle time starts when they end
+        assert run.check_at != -1, f"{run.id}: no idle-expiry check"
+        assert run.id in _chain_ids(state.run_checks.get(run.check_at)), f"{run.id}: check lost"
+
+    rebuilt = Draft(state)
+    queues.rebuild(rebuilt)
+    assert rebuilt.held == state.held, "held turns' buckets differ from their rebuild"
+    assert rebuilt.heads == state.heads, "queue heads differ from their rebuild"
+    assert _live_queues(state) == _live_queues(rebuilt), "queue order differs from its rebuild"
+    assert {r: set(ids) for r, ids in state.held_by_run.items()} == {
+        r: set(ids) for r, ids in rebuilt.held_by_run.items()
+    }, "held turns by run differ from their rebuild"
+
+
+def _chain_ids(chain: object) -> set[str]:
+    ids: set[str] = set()
+    while chain is not None:
+        assert isinstance(chain, tuple)
+        ids.add(chain[-2] if len(chain) == 3 else chain[0])
+        chain = chain[-1]
+    return ids
+
+
+def _live_queues(view: State | Draft) -> dict[object, list[str]]:
+    """Per queue, the ids of its turns still held in its bucket, front to back."""
+    out: dict[object, list[str]] = {}
+    for key, (front, back) in view.queues.items():
+        ids: list[str] = []
+        for chain, reverse in ((front, False), (back, True)):
+            part: list[str] = []
+            while chain is not None:
+                _, tid, chain = chain
+                held = view.held.get(tid)
+                if held is not None and held.bucket == key[0]:
+                    part.append(tid)
+            ids += reversed(part) if reverse else part
+        if ids:
+            # A turn that left the bucket and came back has a stale entry that is live again.
+            out[key] = list(dict.fromkeys(ids))
+    return out

@@ -65,20 +65,19 @@ from luftpause.scheduler.core.model import (
     DATAPLANE_GRACE_S,
     Phase,
     ServiceClass,
-    State,
     Turn,
-    draft,
     limit_of,
 )
 from luftpause.scheduler.core.placement import (
     choose_replica,
-    count_room,
     open_replicas,
 )
 from luftpause.scheduler.core.queues import bucket_of
+from luftpause.scheduler.core.state import State
 from tests.scheduler.invariant_checks import (
     after_turns,
     check_kv_rule,
+    check_rebuilds,
     check_residency,
     could_take,
     may_unpin,
@@ -530,7 +529,6 @@ class CoreMachine(RuleBasedStateMachine):
         for run in s.runs.values():
             assert run.turns_in_flight == per_run[run.id]
             assert (run.phase is Phase.GENERATING) == (run.turns_in_flight > 0)
-        assert {k: v for k, v in s.room.items() if v} == dict(count_room(draft(s)).room.items())
         oldest: dict[tuple[object, ...], int] = {}
         for held in s.held.values():
             key = (held.bucket, held.service_class, held.caller)
@@ -542,6 +540,7 @@ class CoreMachine(RuleBasedStateMachine):
         }
         assert heads == oldest, "queue heads are not each caller's oldest held turn"
         check_residency(s)
+        check_rebuilds(s, self.now)
         for held in s.held.values():
             assert held.bucket == bucket_of(
                 s, held.run_id, held.model, held.single_pass, held.overdue

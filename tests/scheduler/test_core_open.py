@@ -12,8 +12,9 @@ from luftpause.scheduler.core.events import (
     RunSnapshot,
     RunTaken,
 )
-from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.model import Phase, ServiceClass
 from luftpause.scheduler.core.placement import open_replicas
+from luftpause.scheduler.core.state import State
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 
 

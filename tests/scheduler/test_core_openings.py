@@ -5,8 +5,8 @@ from __future__ import annotations
 from luftpause.common.prefixes import opening_keys
 from luftpause.scheduler.core.decide import decide
 from luftpause.scheduler.core.events import Admit
-from luftpause.scheduler.core.model import State
 from luftpause.scheduler.core.openings import INDEX_SIZE, OpeningIndex, record
+from luftpause.scheduler.core.state import State
 from tests.scheduler.helpers import MODEL, placed, pool
 
 SHARED = [{"role": "system", "content": "a long shared preamble"}]

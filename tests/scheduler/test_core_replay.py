@@ -17,7 +17,8 @@ from luftpause.scheduler.core.events import (
     TurnFailed,
     TurnFinished,
 )
-from luftpause.scheduler.core.model import ServiceClass, State
+from luftpause.scheduler.core.model import ServiceClass
+from luftpause.scheduler.core.state import State
 
 ENDPOINTS = [Endpoint(id=r, url=f"http://{r}:1", models=frozenset({"m"})) for r in "ab"]
 

@@ -21,7 +21,8 @@ from luftpause.scheduler.core.events import (
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, ServiceClass, State
+from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, ServiceClass
+from luftpause.scheduler.core.state import State
 from tests.scheduler.helpers import MODEL, admit, cap, placed
 
 BATCH = ServiceClass.BATCH

@@ -19,7 +19,8 @@ from luftpause.scheduler.core.events import (
     TurnFailed,
     TurnSnapshot,
 )
-from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.model import Phase, ServiceClass
+from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 

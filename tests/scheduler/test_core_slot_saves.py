@@ -12,7 +12,8 @@ from luftpause.common.config import ConfigError, Priorities, parse_config
 from luftpause.scheduler.core import slots
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import Action, Place, ProbeResult, RunEnded
-from luftpause.scheduler.core.model import ServiceClass, State
+from luftpause.scheduler.core.model import ServiceClass
+from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
 from tests.scheduler.helpers import admit, endpoint, finish
 

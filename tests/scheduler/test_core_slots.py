@@ -18,8 +18,9 @@ from luftpause.scheduler.core.events import (
     TurnFailed,
     TurnSnapshot,
 )
-from luftpause.scheduler.core.model import ServiceClass, State
+from luftpause.scheduler.core.model import ServiceClass
 from luftpause.scheduler.core.placement import open_replicas
+from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed
 

@@ -27,7 +27,8 @@ from luftpause.scheduler.core.events import (
     TurnAbandoned,
     TurnExpired,
 )
-from luftpause.scheduler.core.model import DATAPLANE_GRACE_S, State
+from luftpause.scheduler.core.model import DATAPLANE_GRACE_S
+from luftpause.scheduler.core.state import State
 from luftpause.scheduler.metrics import SchedulerMetrics
 
 log = structlog.get_logger(__name__)
@@ -70,7 +71,7 @@ class SchedulerHost:
         )
         self.clock = clock
         self.metrics = metrics or SchedulerMetrics()
-        self.metrics.bind(self)
+        self.metrics.bind(lambda: self.state)
         self._waiters: dict[str, _Waiters] = {}
         self._open_version = self.state.open_version
         self._open_listeners: list[Callable[[State], None]] = []

@@ -26,16 +26,14 @@ from luftpause.common import envargs, tracing
 from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import StartupError, run_async
-from luftpause.rpc import scheduler_pb2, scheduler_pb2_grpc
 from luftpause.scheduler.core.events import Tick
 from luftpause.scheduler.core.model import DATAPLANE_GRACE_S
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.http import build_app
 from luftpause.scheduler.prober import PROBE_PERIOD_S, Prober
-from luftpause.scheduler.rpc import SchedulerService
+from luftpause.scheduler.rpc import SERVICE_NAME, serve_on
 
 CLOCK_TICK_S = 1.0
-SERVICE_NAME = scheduler_pb2.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 
 # The names these options were read from before every option had its own variable.
@@ -111,7 +109,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     )
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
+    serve_on(server, host)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -8,18 +8,14 @@ nothing for them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from luftpause.scheduler.core.events import Place
-from luftpause.scheduler.core.model import State
-
-if TYPE_CHECKING:
-    from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.core.state import State
 
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300)
 
@@ -29,10 +25,10 @@ class _StateCollector(Collector):
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        host = self._metrics.host
-        if host is None:
+        read = self._metrics.state
+        if read is None:
             return
-        state = host.state
+        state = read()
         in_flight = GaugeMetricFamily(
             "luftpause_replica_in_flight_turns",
             "Turns placed on the replica and not finished",
@@ -124,7 +120,8 @@ def _pool(state: State) -> Iterator[Metric]:
 class SchedulerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.host: SchedulerHost | None = None
+        # Reads the current state at scrape time (`bind`); None until bound.
+        self.state: Callable[[], State] | None = None
         self.admitted = Counter(
             "luftpause_turns_admitted",
             "Turns placed on a replica",
@@ -168,8 +165,9 @@ class SchedulerMetrics:
         )
         self.registry.register(_StateCollector(self))
 
-    def bind(self, host: SchedulerHost) -> None:
-        self.host = host
+    def bind(self, state: Callable[[], State]) -> None:
+        """Read the state's gauges through `state()` at every scrape."""
+        self.state = state
 
     def placed(self, action: Place, state: State) -> None:
         turn = state.turns.get(action.turn_id)

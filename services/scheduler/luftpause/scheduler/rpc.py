@@ -1,8 +1,9 @@
-"""The gRPC surface of the scheduler: translates messages to core events and back.
+"""The gRPC surface of the scheduler: the servicer and the Session streams it keeps.
 
-Shell layer: no decisions here. `Admit` registers a waiter, applies the event and awaits the
-placement; a client cancel arrives as CancelledError and becomes `TurnAbandoned`. A `Session`
-does the same for each admission on it and writes placements back as they resolve.
+Shell layer: no decisions here, and no translation either (`wire` turns messages into core
+events and core values into messages). `Admit` registers a waiter, applies the event and
+awaits the placement; a client cancel arrives as CancelledError and becomes `TurnAbandoned`. A
+`Session` does the same for each admission on it and writes placements back as they resolve.
 """
 
 from __future__ import annotations
@@ -19,36 +20,17 @@ from opentelemetry.trace import Span
 from luftpause.common import tracing
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
-from luftpause.scheduler import spans
+from luftpause.scheduler import spans, wire
 from luftpause.scheduler.core import events as e
-from luftpause.scheduler.core import model as m
-from luftpause.scheduler.core.placement import open_replicas
-from luftpause.scheduler.core.status import status_view
+from luftpause.scheduler.core.state import State
 from luftpause.scheduler.host import SchedulerHost, TurnRejected
 
 log = structlog.get_logger(__name__)
 
-_CLASS_IN: dict[int, m.ServiceClass] = {pb.SERVICE_CLASS_BATCH: m.ServiceClass.BATCH}
-_CLASS_OUT = {
-    m.ServiceClass.INTERACTIVE: pb.SERVICE_CLASS_INTERACTIVE,
-    m.ServiceClass.BATCH: pb.SERVICE_CLASS_BATCH,
-}
-_PHASE_IN: dict[int, m.Phase] = {
-    pb.RUN_PHASE_GENERATING: m.Phase.GENERATING,
-    pb.RUN_PHASE_TOOL_PAUSED: m.Phase.TOOL_PAUSED,
-}
-_PHASE_OUT = {
-    m.Phase.IDLE: pb.RUN_PHASE_IDLE,
-    m.Phase.GENERATING: pb.RUN_PHASE_GENERATING,
-    m.Phase.TOOL_PAUSED: pb.RUN_PHASE_TOOL_PAUSED,
-}
-
-
 DATAPLANE_METADATA = "x-luftpause-dataplane"
 # WatchStatus sends a status at most this often, whatever the client asks.
 MIN_WATCH_INTERVAL_MS = 100
-# More keys than a dataplane sends (tools and four messages) are never read.
-MAX_OPENING_KEYS = 8
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Scheduler"].full_name
 
 
 def traceparent_of(context: grpc.aio.ServicerContext) -> str:
@@ -67,105 +49,6 @@ def dataplane_of(context: grpc.aio.ServicerContext) -> str:
     return str(context.peer())
 
 
-def service_class(value: int) -> m.ServiceClass:
-    return _CLASS_IN.get(value, m.ServiceClass.INTERACTIVE)
-
-
-def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
-    """The core event for one reported turn event (None for an empty one)."""
-    kind = ev.WhichOneof("kind")
-    if kind == "finished":
-        u = ev.finished.usage
-        return e.TurnFinished(
-            at=at,
-            turn_id=ev.turn_id,
-            tool_calls=ev.finished.tool_calls,
-            prompt_tokens=u.prompt_tokens,
-            completion_tokens=u.completion_tokens,
-            cached_tokens=u.cached_tokens,
-            finish_reason=ev.finished.finish_reason,
-        )
-    if kind == "failed":
-        return e.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
-    if kind == "abandoned":
-        return e.TurnAbandoned(at=at, turn_id=ev.turn_id)
-    if kind == "run_ended":
-        return e.RunEnded(at=at, run_id=ev.run_id)
-    if kind == "started":
-        return e.TurnStarted(at=at, turn_id=ev.turn_id)
-    if kind == "first_token":
-        return e.FirstToken(at=at, turn_id=ev.turn_id)
-    return None
-
-
-def resync_event(req: pb.ResyncRequest, at: float) -> e.Resync:
-    runs = tuple(
-        e.RunSnapshot(
-            run_id=r.run_id,
-            replica=r.replica_id,
-            phase=_PHASE_IN.get(r.phase, m.Phase.IDLE),
-            service_class=service_class(r.service_class),
-            caller=r.caller,
-            idle_seconds=max(r.idle_seconds, 0.0),
-        )
-        for r in req.runs
-        if r.run_id
-    )
-    turns = tuple(
-        e.TurnSnapshot(
-            turn_id=t.turn_id,
-            run_id=t.run_id,
-            replica=t.replica_id,
-            model=t.model,
-            service_class=service_class(t.service_class),
-            caller=t.caller,
-        )
-        for t in req.turns
-        if t.turn_id and t.replica_id
-    )
-    return e.Resync(at=at, dataplane=req.dataplane_id, runs=runs, turns=turns)
-
-
-def status_reply(host: SchedulerHost) -> pb.StatusReply:
-    view = status_view(host.state, host.now())
-    reply = pb.StatusReply(turns_in_flight=view["turns_in_flight"])
-    for r in view["replicas"]:
-        reply.replicas.add(
-            id=r["id"],
-            url=r["url"],
-            healthy=r["healthy"],
-            in_flight=r["in_flight"],
-            capacity=r["capacity"] or 0,
-            capped=r["capped"],
-            engine_running=-1 if r["engine_running"] is None else r["engine_running"],
-            engine_waiting=-1 if r["engine_waiting"] is None else r["engine_waiting"],
-            models=r["models"],
-            kind=r["kind"],
-            paused_interactive=r["paused_interactive"],
-            kv_tokens=r["kv"]["tokens"] or 0,
-            kv_used=-1 if r["kv"]["used"] is None else r["kv"]["used"],
-            resident_tokens=r["kv"]["resident_tokens"],
-            resident_runs=r["kv"]["resident_runs"],
-            new_batch_fits=r["kv"]["new_batch_fits"],
-            new_interactive_fits=r["kv"]["new_interactive_fits"],
-        )
-    for g in view["held"]:
-        reply.held.add(
-            service_class=_CLASS_OUT[m.ServiceClass(g["class"])],
-            caller=g["caller"],
-            count=g["count"],
-            oldest_wait_seconds=g["oldest_wait_s"],
-        )
-    for phase, by_class in view["runs"].items():
-        for cls, count in by_class.items():
-            reply.runs.add(
-                phase=_PHASE_OUT[m.Phase(phase)],
-                service_class=_CLASS_OUT[m.ServiceClass(cls)],
-                count=count,
-            )
-    return reply
-
-
 def _without_waits(reply: pb.StatusReply) -> bytes:
     """The status as bytes, held turns' oldest waits left out (they change every moment)."""
     copy = pb.StatusReply()
@@ -173,55 +56,6 @@ def _without_waits(reply: pb.StatusReply) -> bytes:
     for group in copy.held:
         group.oldest_wait_seconds = 0.0
     return copy.SerializeToString(deterministic=True)
-
-
-def open_message(state: m.State) -> pb.OpenReplicas:
-    """The open replicas, as the dataplanes are told them."""
-    message = pb.OpenReplicas()
-    for replica in open_replicas(state):
-        message.replicas.add(
-            replica_id=replica.id,
-            replica_url=replica.url,
-            models=sorted(replica.models),
-            interactive_priority=replica.engine_priority(m.ServiceClass.INTERACTIVE),
-            batch_priority=replica.engine_priority(m.ServiceClass.BATCH),
-        )
-    return message
-
-
-def _missing_fields(request: pb.AdmitRequest) -> bool:
-    return not request.turn_id or not request.model or not (request.run_id or request.single_pass)
-
-
-def _admit_event(host: SchedulerHost, request: pb.AdmitRequest) -> e.Admit:
-    return e.Admit(
-        at=host.now(),
-        turn_id=request.turn_id,
-        run_id=request.run_id,
-        model=request.model,
-        service_class=service_class(request.service_class),
-        caller=request.caller,
-        dataplane=request.dataplane_id,
-        single_pass=request.single_pass,
-        placed_on="" if request.single_pass else request.placed_replica_id,
-        prompt_bytes=max(request.prompt_bytes, 0),
-        opening=tuple(
-            (key.hash, key.bytes) for key in request.opening[:MAX_OPENING_KEYS] if key.bytes > 0
-        ),
-    )
-
-
-def _reply(place: e.Place) -> pb.AdmitReply:
-    return pb.AdmitReply(
-        turn_id=place.turn_id,
-        replica_id=place.replica_id,
-        replica_url=place.replica_url,
-        held_ms=place.held_s * 1000.0,
-        engine_priority=place.engine_priority,
-        engine_slot=place.engine_slot,
-        slot_save=place.slot_save,
-        slot_restore=place.slot_restore,
-    )
 
 
 class _Session:
@@ -265,7 +99,7 @@ class _Session:
             if item.HasField("admit"):
                 self._admit(item.admit)
                 continue
-            event = turn_event(item.event, host.now())
+            event = wire.turn_event(item.event, host.now())
             if event is None:
                 continue
             if isinstance(event, e.TurnFailed):
@@ -274,23 +108,24 @@ class _Session:
 
     def _admit(self, request: pb.AdmitRequest) -> None:
         turn_id = request.turn_id
-        if _missing_fields(request):
-            self._refuse(turn_id, grpc.StatusCode.INVALID_ARGUMENT, _MISSING)
+        if wire.missing_fields(request):
+            self._refuse(turn_id, grpc.StatusCode.INVALID_ARGUMENT, wire.MISSING_FIELDS)
             return
         if turn_id in self._waiting:
             return  # sent twice on this stream; the first admission still waits
         host = self._host
-        if request.placed_replica_id and not request.single_pass:
+        admit = wire.admit_event(request, host.now())
+        if admit.placed_on:
             host.metrics.placed_by_dataplane.inc()
-            host.apply(_admit_event(host, request))
+            host.apply(admit)
             if tracing.enabled():
-                spans.reported(request)
+                spans.reported(admit, request.traceparent)
             return
-        span = spans.start(request) if tracing.enabled() else None
+        span = spans.start(admit, request.traceparent) if tracing.enabled() else None
         fut = host.wait_for(turn_id)
         self._waiting[turn_id] = (fut, time.perf_counter())
         fut.add_done_callback(lambda f: self._resolved(turn_id, f))
-        host.apply(_admit_event(host, request))
+        host.apply(admit)
         if span is not None:
             self._spans[turn_id] = span
             spans.admitted(span, host.state, turn_id)
@@ -311,11 +146,10 @@ class _Session:
             self._refuse(turn_id, code, str(exc))
             return
         self._host.metrics.admit_seconds.observe(time.perf_counter() - started)
-        self._out.put_nowait(pb.Placement(turn_id=turn_id, placed=_reply(fut.result())))
+        self._out.put_nowait(wire.placement(fut.result()))
 
     def _refuse(self, turn_id: str, code: grpc.StatusCode, message: str) -> None:
-        refusal = pb.Refusal(code=code.value[0], message=message)
-        self._out.put_nowait(pb.Placement(turn_id=turn_id, refused=refusal))
+        self._out.put_nowait(wire.refusal(turn_id, code.value[0], message))
 
     async def _write(self) -> None:
         out = self._out
@@ -350,14 +184,11 @@ class _Session:
             await self._writer
 
 
-_MISSING = "turn_id, run_id and model are required"
-
-
 class SchedulerService(pb_grpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
         self._sessions: set[_Session] = set()
-        self._open = open_message(host.state)
+        self._open = wire.open_message(host.state)
         host.on_open_changed(self._publish_open)
         host.on_run_taken(self._publish_taken)
 
@@ -366,8 +197,8 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             if session.dataplane == taken.dataplane:
                 session.send_taken(taken.run_id)
 
-    def _publish_open(self, state: m.State) -> None:
-        opened = open_message(state)
+    def _publish_open(self, state: State) -> None:
+        opened = wire.open_message(state)
         if opened == self._open:
             return
         self._open = opened
@@ -378,12 +209,15 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         self, request: pb.AdmitRequest, context: grpc.aio.ServicerContext
     ) -> pb.AdmitReply:
         started = time.perf_counter()
-        if _missing_fields(request):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _MISSING)
+        if wire.missing_fields(request):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wire.MISSING_FIELDS)
         host = self.host
-        span = spans.start(request, traceparent_of(context)) if tracing.enabled() else None
+        admit = wire.admit_event(request, host.now())
+        span = None
+        if tracing.enabled():
+            span = spans.start(admit, request.traceparent or traceparent_of(context))
         fut = host.wait_for(request.turn_id)
-        host.apply(_admit_event(host, request))
+        host.apply(admit)
         if span is not None:
             spans.admitted(span, host.state, request.turn_id)
         try:
@@ -400,7 +234,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         host.metrics.admit_seconds.observe(time.perf_counter() - started)
         if span is not None:
             spans.placed(span, place)
-        return _reply(place)
+        return wire.admit_reply(place)
 
     async def Session(
         self, request_iterator: AsyncIterator[pb.DataplaneBatch], context: grpc.aio.ServicerContext
@@ -422,32 +256,22 @@ class SchedulerService(pb_grpc.SchedulerServicer):
     async def Resync(
         self, request: pb.ResyncRequest, context: grpc.aio.ServicerContext
     ) -> pb.ResyncReply:
-        event = resync_event(request, self.host.now())
+        event = wire.resync_event(request, self.host.now())
         self.host.apply(event)
         log.info(
             "resync", dataplane=request.dataplane_id, runs=len(event.runs), turns=len(event.turns)
         )
-        return pb.ResyncReply(runs=len(event.runs), turns=len(event.turns))
+        return wire.resync_reply(event)
 
     async def ListModels(
         self, request: pb.ListModelsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListModelsReply:
-        state = self.host.state
-        reply = pb.ListModelsReply()
-        for model in sorted(
-            {*state.generative_by_model.keys(), *state.single_pass_by_model.keys()}
-        ):
-            ids = (
-                *state.generative_by_model.get(model, ()),
-                *state.single_pass_by_model.get(model, ()),
-            )
-            reply.models.add(id=model, replica_ids=ids)
-        return reply
+        return wire.models_reply(self.host.state)
 
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusReply:
-        return status_reply(self.host)
+        return wire.status_reply(self.host.state, self.host.now())
 
     async def WatchStatus(
         self, request: pb.WatchStatusRequest, context: grpc.aio.ServicerContext
@@ -459,7 +283,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             last = b""
             while True:
                 changed.clear()
-                reply = status_reply(self.host)
+                reply = wire.status_reply(self.host.state, self.host.now())
                 # The held turns' waits grow with the clock: compare the status without them.
                 shape = _without_waits(reply)
                 if shape != last:
@@ -469,3 +293,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
                 await changed.wait()
         finally:
             self.host.unwatch(changed)
+
+
+def serve_on(server: grpc.aio.Server, host: SchedulerHost) -> SchedulerService:
+    """Add the Scheduler service, answering from `host`, to `server`."""
+    service = SchedulerService(host)
+    pb_grpc.add_SchedulerServicer_to_server(service, server)
+    return service

@@ -1,7 +1,8 @@
 """The scheduler's `admit` span per admission, with tracing on (`common.tracing`).
 
 Shell module, called by `rpc` only while the process traces; the core stays pure and knows
-nothing of spans. An `admit` span (kind SERVER) starts when an admission arrives, on a Session
+nothing of spans. It reads the core's values (the `Admit` event, the `Place` action), never the
+gRPC messages. An `admit` span (kind SERVER) starts when an admission arrives, on a Session
 stream or the unary Admit, as the child of the dataplane's turn span (`AdmitRequest.traceparent`,
 else the unary call's `traceparent` metadata), and ends when the turn is placed (from the core's
 `Place`: luftpause.replica, luftpause.held_ms), refused (status error), or withdrawn while held
@@ -19,15 +20,13 @@ from __future__ import annotations
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from luftpause.common import tracing
-from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.scheduler.core import events as e
-from luftpause.scheduler.core import model as m
+from luftpause.scheduler.core.state import State
 
 SCOPE = "luftpause.scheduler"
-_CLASS = {pb.SERVICE_CLASS_BATCH: "batch"}
 
 
-def held_reason(state: m.State, turn_id: str) -> str | None:
+def held_reason(state: State, turn_id: str) -> str | None:
     """Why the held turn `turn_id` waits (see the module docstring); None if it is not held."""
     held = state.held.get(turn_id)
     if held is None:
@@ -39,31 +38,31 @@ def held_reason(state: m.State, turn_id: str) -> str | None:
     replicas = [state.replicas[rid] for rid in by_model.get(model, ()) if rid in state.replicas]
     if not any(r.healthy for r in replicas):
         return "unhealthy"
-    if kind == "m" and state.room.get(("o", model, held.service_class), 0) > 0:
+    if kind == "m" and state.room_for(("o", model, held.service_class)):
         return "kv"
     return "capacity"
 
 
-def start(request: pb.AdmitRequest, metadata_traceparent: str = "") -> Span:
-    """The span of an admission that just arrived."""
-    parent = tracing.context_of(request.traceparent or metadata_traceparent)
+def start(admit: e.Admit, traceparent: str = "") -> Span:
+    """The span of an admission that just arrived, the child of `traceparent` if one came."""
+    parent = tracing.context_of(traceparent)
     span = tracing.tracer(SCOPE).start_span("admit", context=parent, kind=SpanKind.SERVER)
     if span.is_recording():
         span.set_attributes(
             {
-                "luftpause.turn_id": request.turn_id,
-                "luftpause.run_id": request.run_id,
-                tracing.GEN_AI_REQUEST_MODEL: request.model,
-                "luftpause.service_class": _CLASS.get(request.service_class, "interactive"),
-                "luftpause.caller": request.caller,
-                "luftpause.dataplane": request.dataplane_id,
-                "luftpause.single_pass": request.single_pass,
+                "luftpause.turn_id": admit.turn_id,
+                "luftpause.run_id": admit.run_id,
+                tracing.GEN_AI_REQUEST_MODEL: admit.model,
+                "luftpause.service_class": str(admit.service_class),
+                "luftpause.caller": admit.caller,
+                "luftpause.dataplane": admit.dataplane,
+                "luftpause.single_pass": admit.single_pass,
             }
         )
     return span
 
 
-def admitted(span: Span, state: m.State, turn_id: str) -> None:
+def admitted(span: Span, state: State, turn_id: str) -> None:
     """The Admit event was applied; if the turn is held now, say why."""
     if span.is_recording():
         reason = held_reason(state, turn_id)
@@ -97,13 +96,13 @@ def abandoned(span: Span) -> None:
     span.end()
 
 
-def reported(request: pb.AdmitRequest) -> None:
+def reported(admit: e.Admit, traceparent: str = "") -> None:
     """A turn its dataplane placed itself on an open replica: a span that ends at once."""
-    span = start(request)
+    span = start(admit, traceparent)
     if span.is_recording():
         span.set_attributes(
             {
-                "luftpause.replica": request.placed_replica_id,
+                "luftpause.replica": admit.placed_on,
                 "luftpause.held_ms": 0.0,
                 "luftpause.placed_by": "dataplane",
             }

@@ -18,57 +18,41 @@ Checked on every tick (1 s), so a bound is met within a second.
 from __future__ import annotations
 
 from luftpause.scheduler.core import queues, residency
-from luftpause.scheduler.core.model import (
-    NEW_RUN_MAX_HOLD_S,
-    Bucket,
-    HeldTurn,
-    Run,
-    State,
-    evolve,
-    put,
-)
+from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, Bucket, HeldTurn, Run, evolve
+from luftpause.scheduler.core.state import Draft, View
 
 SOFT_WAIT_FACTOR = 2.0
 SOFT_WAIT_MIN_S = 1.0
 SOFT_WAIT_DEFAULT_S = 10.0
 
 
-def soft_wait_s(state: State, run: Run) -> float:
+def soft_wait_s(view: View, run: Run) -> float:
     """How long an idle resident run's turn waits for its replica before it may move."""
-    replica = state.replicas.get(run.replica)
-    reread = residency.reread_s(state, run, replica) if replica is not None else None
+    replica = view.replicas.get(run.replica)
+    reread = residency.reread_s(run, replica) if replica is not None else None
     if reread is None:
         return SOFT_WAIT_DEFAULT_S
     return max(SOFT_WAIT_FACTOR * reread, SOFT_WAIT_MIN_S)
 
 
-def release_waits(state: State, at: float) -> tuple[State, list[Bucket]]:
+def release_waits(d: Draft, at: float) -> list[Bucket]:
     """Release the held turns whose bounded wait ran out; return the buckets they went to."""
     moved: list[Bucket] = []
-    for held in list(state.held.values()):
+    for held in list(d.held.values()):
         kind = held.bucket[0]
         if kind == "r":
-            state, more = _soft_wait(state, held, at)
+            moved += _soft_wait(d, held, at)
         elif kind == "m" and at - held.arrived_at >= NEW_RUN_MAX_HOLD_S:
-            state, more = _overdue(state, held)
-        else:
-            continue
-        moved += more
-    return state, moved
+            d.held = d.held.set(held.id, evolve(held, overdue=True))
+            moved += queues.rebucket_run(d, held.run_id)
+    return moved
 
 
-def _soft_wait(state: State, held: HeldTurn, at: float) -> tuple[State, list[Bucket]]:
-    run = state.runs.get(held.run_id)
+def _soft_wait(d: Draft, held: HeldTurn, at: float) -> list[Bucket]:
+    run = d.runs.get(held.run_id)
     if run is None or run.pinned or not run.resident:
-        return state, []
-    if at - held.arrived_at < soft_wait_s(state, run):
-        return state, []
-    home = run.replica
-    state, _ = residency.leave(state, run)
-    state, moved = queues.rebucket_run(state, run.id)
-    return state, [*moved, *queues.buckets_for_replica(state, home)]
-
-
-def _overdue(state: State, held: HeldTurn) -> tuple[State, list[Bucket]]:
-    state = put(state, held=state.held.set(held.id, evolve(held, overdue=True)))
-    return queues.rebucket_run(state, held.run_id)
+        return []
+    if at - held.arrived_at < soft_wait_s(d, run):
+        return []
+    residency.leave(d, run)  # its replica gains room for new runs: see `Draft.opened`
+    return queues.rebucket_run(d, run.id)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 ALPHA = 0.1
 """Weight of the newest sample in a running mean."""
@@ -65,26 +65,37 @@ class Sizes:
         per_byte = self.tokens_per_byte
         if prompt_bytes > 0 and prompt_tokens > 0:
             per_byte = ewma(per_byte, prompt_tokens / prompt_bytes, self.turns_seen)
-        return replace(
-            self,
+        return Sizes(
             tokens_per_byte=per_byte,
             reply_tokens=ewma(self.reply_tokens, completion_tokens, self.turns_seen),
+            growth_tokens=self.growth_tokens,
+            new_run_tokens=self.new_run_tokens,
             turns_seen=self.turns_seen + 1,
+            returns_seen=self.returns_seen,
+            new_runs_seen=self.new_runs_seen,
         )
 
     def growth(self, added: int) -> Sizes:
         """A run came back with `added` tokens more than its context had."""
-        return replace(
-            self,
+        return Sizes(
+            tokens_per_byte=self.tokens_per_byte,
+            reply_tokens=self.reply_tokens,
             growth_tokens=ewma(self.growth_tokens, max(added, 0), self.returns_seen),
+            new_run_tokens=self.new_run_tokens,
+            turns_seen=self.turns_seen,
             returns_seen=self.returns_seen + 1,
+            new_runs_seen=self.new_runs_seen,
         )
 
     def new_run(self, footprint: int) -> Sizes:
         """A new run's first turn ended with this footprint."""
-        return replace(
-            self,
+        return Sizes(
+            tokens_per_byte=self.tokens_per_byte,
+            reply_tokens=self.reply_tokens,
+            growth_tokens=self.growth_tokens,
             new_run_tokens=ewma(self.new_run_tokens, footprint, self.new_runs_seen),
+            turns_seen=self.turns_seen,
+            returns_seen=self.returns_seen,
             new_runs_seen=self.new_runs_seen + 1,
         )
 
@@ -109,17 +120,22 @@ class Comeback:
 
     def ended(self) -> Comeback:
         decay = 1.0 - ALPHA
-        return replace(self, ends=self.ends * decay + 1.0, back=self.back * decay)
+        return Comeback(
+            ends=self.ends * decay + 1.0,
+            back=self.back * decay,
+            gap_s=self.gap_s,
+            gap_var=self.gap_var,
+        )
 
     def returned(self, gap_s: float) -> Comeback:
         gap = max(gap_s, 0.0)
         mean = ewma(self.gap_s, gap, self.back)
-        var = (
-            0.0
-            if self.back <= 0
-            else (1 - ALPHA) * (self.gap_var + ALPHA * (gap - self.gap_s) ** 2)
+        var = 0.0
+        if self.back > 0:  # the exponentially weighted variance (West's update)
+            var = (1 - ALPHA) * (self.gap_var + ALPHA * (gap - self.gap_s) ** 2)
+        return Comeback(
+            ends=self.ends, back=min(self.back + 1.0, self.ends), gap_s=mean, gap_var=var
         )
-        return replace(self, back=min(self.back + 1.0, self.ends), gap_s=mean, gap_var=var)
 
     def window(self, *, tool_calls: bool) -> float:
         """How long a run that ended this way stays resident (0: not at all): past the mean gap
@@ -143,6 +159,19 @@ ComebackKey = tuple[str, bool, int]
 def comeback_keys(cls: str, tool_calls: bool, rounds: int) -> tuple[ComebackKey, ComebackKey]:
     """The key of every run that ended this way, and that of runs with as many rounds."""
     return (cls, tool_calls, -1), (cls, tool_calls, min(max(rounds, 0), ROUNDS_CAP))
+
+
+_NEVER = Comeback()
+
+
+def ended(comeback: Comeback | None) -> Comeback:
+    """`comeback` (or none yet) once one more turn ended its way."""
+    return (comeback or _NEVER).ended()
+
+
+def returned(comeback: Comeback | None, gap_s: float) -> Comeback:
+    """`comeback` (or none yet) once a run that ended its way came back after `gap_s`."""
+    return (comeback or _NEVER).returned(gap_s)
 
 
 def window_for(

@@ -1,19 +1,11 @@
-"""State records of the scheduler's decision core.
+"""Records of the scheduler's decision core: replicas, runs, turns, held turns, links.
 
 Pure module: no I/O, no clock reads, no awaits. Every record is frozen and checks its input
 when built; `evolve` makes a changed copy without re-running those checks (the core only
-evolves records it built itself, and the property tests check the derived counters). Unlike
-events and actions, state records have no `slots`: see `evolve`.
-
-State is a handful of persistent maps (`immutables.Map`, a HAMT): an update copies O(log n)
-nodes, so keeping the old state around costs nothing and no event walks all runs. Indexes:
-
-- held turns sit in FIFO queues keyed by (bucket, class, caller); a bucket is where the turn
-  may go: `("r", replica, model)` for a run pinned to a replica that serves the model, else
-  `("m", "", model)`. Every turn in one bucket and class can be placed, or none can, so a drain
-  looks at queue heads only;
-- placed turns are numbered in placement order for the turn timeout;
-- runs are checked for idle expiry from per-second buckets, one pending check per run.
+evolves records it built itself, and the property tests check the derived fields). Unlike
+events and actions, records have no `slots`: see `evolve`. The state that holds them is in
+`state`. A few fields of a replica and a run are derived (counted from the turns and runs by
+`counters` and `residency`, which own them); the comments say which.
 """
 
 from __future__ import annotations
@@ -22,12 +14,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-import immutables
-
 from luftpause.common.config import EndpointKind, Priorities
 from luftpause.common.prefixes import Key
-from luftpause.scheduler.core.learned import Comeback, ComebackKey, PrefillFit, Sizes
-from luftpause.scheduler.core.openings import OpeningIndex
+from luftpause.scheduler.core.learned import PrefillFit
 
 TURN_TIMEOUT_S = 600.0
 """A placed turn whose end is never reported is dropped after this (dataplane died mid-turn)."""
@@ -68,26 +57,14 @@ Chain = tuple[Any, ...] | None
 
 _R = TypeVar("_R")
 _NO_FIT = PrefillFit()
-_NO_SIZES = Sizes()
-
-
-def draft(state: State) -> State:
-    """A private copy of `state` for one decide() call to `put` its changes into."""
-    return evolve(state)
-
-
-def put(draft_state: State, **changes: Any) -> State:
-    """Set fields of a draft made by `draft` (never of a state someone else holds)."""
-    draft_state.__dict__.update(changes)
-    return draft_state
 
 
 def evolve(record: _R, **changes: Any) -> _R:
     """A copy of a frozen state record with `changes`, without re-validating it.
 
-    State records keep their fields in a `__dict__` (no `slots`) for this: copying a dict is
-    one C call, where copying slots is one Python step per field, and a decision copies a few
-    records per event.
+    Records keep their fields in a `__dict__` (no `slots`) for this: copying a dict is one C
+    call, where copying slots is one Python step per field, and a decision copies a few records
+    per event. The copy is new: nobody else holds it until it is returned.
     """
     new = object.__new__(type(record))
     fields_ = new.__dict__
@@ -181,18 +158,19 @@ class Replica:
     # What the engine last reported on /metrics; None when it reports nothing.
     engine_running: int | None = None
     engine_waiting: int | None = None
-    # Turns placed here and not yet finished (our own count, exact).
+    # Derived (`counters`): turns placed here and not yet finished, of those the interactive
+    # ones (a preemptive engine takes them beyond the cap), and the interactive runs paused on
+    # a tool here (batch leaves one slot for each).
     in_flight: int = 0
-    # Of those, interactive ones (a preemptive engine takes them beyond the cap).
     interactive_in_flight: int = 0
-    # Interactive runs paused on a tool here: batch leaves one slot for each.
     paused_interactive: int = 0
     # Turn cap from the engine's load: see `next_cap`.
     cap: int | None = None
     # The `priority` its engine gets per class (endpoint `priority`); None sends none.
     priority: Priorities | None = None
     # Engine slots the core assigns (endpoint `slots`; 0: the engine picks): per slot the run
-    # whose context it holds ("" none), and the slots with a turn in flight. See `slots`.
+    # whose context it holds ("" none), and (derived, `counters`) the slots with a turn in
+    # flight. See `slots`.
     slots: int = 0
     slot_runs: tuple[str, ...] = ()
     busy_slots: frozenset[int] = frozenset()
@@ -212,9 +190,8 @@ class Replica:
     max_running: int | None = None
     # Its engine last queued with its KV full: its queue sets no turn cap (see `next_cap`).
     kv_bound: bool = False
-    # Σ of the footprints of the runs resident here (derived; see `residency`), and whether a
-    # new run of each class fits beside them (derived from it, the pool and the learned size
-    # of a new run).
+    # Derived (`residency`): Σ of the footprints of the runs resident here, and whether a new
+    # run of each class fits beside them (from it, the pool and the learned size of a new run).
     resident_tokens: int = 0
     new_batch_fits: bool = True
     new_interactive_fits: bool = True
@@ -263,13 +240,14 @@ class Run:
     phase: Phase = Phase.IDLE
     service_class: ServiceClass = ServiceClass.INTERACTIVE
     caller: str = ""
+    # Derived (`counters`): its turns in flight.
     turns_in_flight: int = 0
     last_active: float = 0.0
     # The run was ended while a turn was in flight: forget it when that turn ends.
     ended: bool = False
     # The dataplane that placed or reported its last turn ("" when unknown).
     dataplane: str = ""
-    # The second at which its idle expiry is next checked; -1 when none is pending.
+    # Derived (`expiry`): the second at which its idle expiry is next checked; -1 for none.
     check_at: int = -1
     # Its context after its last finished turn (prompt + completion tokens; 0 before one), the
     # part of it its first turn found cached (a preamble other runs share), and the turns it
@@ -362,54 +340,3 @@ class DataplaneLink:
 
     streams: int = 0
     gone_since: float | None = None
-
-
-_EMPTY: immutables.Map[Any, Any] = immutables.Map()
-
-
-@dataclass(frozen=True, kw_only=True)
-class State:
-    """Everything the scheduler knows. Replaced, never mutated."""
-
-    replicas: immutables.Map[str, Replica] = _EMPTY
-    # model -> replica ids serving it (generative and single-pass apart), fixed by config.
-    generative_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
-    single_pass_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
-    runs: immutables.Map[str, Run] = _EMPTY
-    turns: immutables.Map[str, Turn] = _EMPTY
-    held: immutables.Map[str, HeldTurn] = _EMPTY
-    caller_in_flight: immutables.Map[str, int] = _EMPTY
-    next_seq: int = 0
-    # Held-turn index: (bucket, class, caller) -> FIFO (front chain, reversed back chain) of
-    # (seq, turn id); (bucket, class) -> caller -> (seq, id) of its queue's head; run -> held.
-    queues: immutables.Map[tuple[Bucket, ServiceClass, str], tuple[Chain, Chain]] = _EMPTY
-    heads: immutables.Map[tuple[Bucket, ServiceClass], immutables.Map[str, tuple[int, str]]] = (
-        _EMPTY
-    )
-    held_by_run: immutables.Map[str, tuple[str, ...]] = _EMPTY
-    # Turn-timeout index: placement order -> turn id, from head (oldest) to tail.
-    turn_order: immutables.Map[int, str] = _EMPTY
-    turn_order_head: int = 0
-    turn_order_tail: int = 0
-    # Run idle-expiry index: second -> chain (run id, rest) of runs to check then.
-    run_checks: immutables.Map[int, Chain] = _EMPTY
-    run_check_cursor: int = -1
-    # Residency index: step of RESIDENCY_STEP_S -> chain (run id, rest) of runs whose residency
-    # may end then (checked on every event, not only on ticks; see `residency.expire`).
-    residency_checks: immutables.Map[int, Chain] = _EMPTY
-    residency_cursor: int = -1
-    dataplanes: immutables.Map[str, DataplaneLink] = _EMPTY
-    # (kind prefix "m"/"s", model, class) -> healthy replicas serving it with room for the class.
-    room: immutables.Map[tuple[str, str, ServiceClass], int] = _EMPTY
-    dataplane_grace_s: float = DATAPLANE_GRACE_S
-    # Strict run affinity (the default). Off only as a benchmark ablation: runs free to move.
-    affinity: bool = True
-    # Bumped whenever the set of open replicas (`placement.is_open`) may have changed; the shell
-    # publishes the new set to the dataplanes when it sees a new value.
-    open_version: int = 0
-    # Learned from reported turns (see `learned`): token sizes over the pool, and per (class,
-    # ended with tool calls, rounds finished or -1 for any) how runs come back.
-    sizes: Sizes = _NO_SIZES
-    comebacks: immutables.Map[ComebackKey, Comeback] = _EMPTY
-    # Per replica, the openings it served lately (see `openings`).
-    openings: immutables.Map[str, OpeningIndex] = _EMPTY

@@ -37,19 +37,13 @@ import immutables
 
 from luftpause.common.config import EndpointKind
 from luftpause.common.prefixes import matched_bytes, prefer
-from luftpause.scheduler.core.model import (
-    Bucket,
-    HeldTurn,
-    Replica,
-    Run,
-    ServiceClass,
-    State,
-    put,
-)
+from luftpause.scheduler.core.model import Bucket, HeldTurn, Replica, Run, ServiceClass
 from luftpause.scheduler.core.openings import OpeningIndex
+from luftpause.scheduler.core.state import Draft, View
 
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 _NO_INDEX = OpeningIndex()
+_NO_IDS: frozenset[str] = frozenset()
 
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
@@ -78,110 +72,120 @@ def is_open(replica: Replica) -> bool:
     )
 
 
-def open_replicas(state: State) -> tuple[Replica, ...]:
+def open_replicas(view: View) -> tuple[Replica, ...]:
     """The open replicas, by id."""
-    return tuple(sorted((r for r in state.replicas.values() if is_open(r)), key=lambda r: r.id))
+    return tuple(sorted((r for r in view.replicas.values() if is_open(r)), key=lambda r: r.id))
 
 
-def _room_flags(replica: Replica) -> tuple[bool, ...]:
-    """Per room counter kind and class (see `_ROOM_KINDS`), whether `replica` counts there."""
+def _room_flags(replica: Replica) -> tuple[bool, bool, bool, bool]:
+    """Whether `replica` counts in each room set of its kind: see `_room_keys`."""
     if not replica.healthy:
-        return (False,) * 4
-    room = [has_room(replica, cls) for cls in _CLASSES]
+        return (False, False, False, False)
+    if replica.capacity is None:
+        interactive = batch = True
+    else:
+        interactive = has_room(replica, ServiceClass.INTERACTIVE)
+        batch = has_room(replica, ServiceClass.BATCH)
     if replica.kind is EndpointKind.SINGLE_PASS:
-        return (*room, False, False)
+        return (interactive, batch, False, False)
     return (
-        room[0] and replica.new_interactive_fits,
-        room[1] and replica.new_batch_fits,
-        *room,
+        interactive and replica.new_interactive_fits,
+        batch and replica.new_batch_fits,
+        interactive,
+        batch,
     )
 
 
 def _room_keys(replica: Replica) -> tuple[tuple[str, ServiceClass], ...]:
-    """The (kind, class) of each flag `_room_flags` returns."""
+    """The (kind, class) of each flag `_room_flags` returns ("" where the kind has none)."""
     if replica.kind is EndpointKind.SINGLE_PASS:
         return (("s", _CLASSES[0]), ("s", _CLASSES[1]), ("", _CLASSES[0]), ("", _CLASSES[1]))
     return (("m", _CLASSES[0]), ("m", _CLASSES[1]), ("o", _CLASSES[0]), ("o", _CLASSES[1]))
 
 
-def set_replica(state: State, new: Replica) -> State:
-    """Store a changed replica, keeping the per-model room counters in step with it.
+def set_replica(d: Draft, new: Replica) -> None:
+    """Store a changed replica, keeping the room sets and the open version in step with it.
 
-    Room counters, per (kind, model, class), count the healthy replicas serving the model with
-    room for a turn of the class: "m" those where a new run may also start (the KV rule, see
-    `residency`), "o" all of them (turns the KV rule has held long enough), "s" single-pass.
+    Room sets, per (kind, model, class), hold the healthy replicas serving the model with room
+    for a turn of the class: "m" those where a new run may also start (the KV rule, see
+    `residency`), "o" all of them (turns the KV rule has held long enough), "s" single-pass. A
+    replica that gains room is noted in `d.opened`: `decide` drains its held turns.
     """
-    old = state.replicas[new.id]
+    old = d.replicas[new.id]
     before, after = _room_flags(old), _room_flags(new)
-    room = state.room
     if before != after:
+        room = d.room
         for (kind, cls), was, now in zip(_room_keys(new), before, after, strict=True):
             if was != now and kind:
                 for model in new.models:
                     key = (kind, model, cls)
-                    room = room.set(key, room.get(key, 0) + (1 if now else -1))
-    version = state.open_version + (is_open(new) != is_open(old))
-    return put(state, replicas=state.replicas.set(new.id, new), room=room, open_version=version)
+                    ids = room.get(key, _NO_IDS)
+                    room = room.set(key, ids | {new.id} if now else ids - {new.id})
+        d.room = room
+        if any(now and not was for was, now in zip(before, after, strict=True)):
+            d.opened.append(new.id)
+    if is_open(new) != is_open(old):
+        d.open_version += 1
+    d.replicas = d.replicas.set(new.id, new)
 
 
-def count_room(state: State) -> State:
-    """All room counters recomputed from the replicas (initial state, resync)."""
-    room: dict[tuple[str, str, ServiceClass], int] = {}
-    for replica in state.replicas.values():
+def rebuild(d: Draft) -> None:
+    """The room sets recomputed from the replicas (initial state, Resync); the open version
+    moves, so the shell publishes the open replicas again."""
+    room: dict[tuple[str, str, ServiceClass], set[str]] = {}
+    for replica in d.replicas.values():
         for (kind, cls), fits in zip(_room_keys(replica), _room_flags(replica), strict=True):
             if fits and kind:
                 for model in replica.models:
-                    key = (kind, model, cls)
-                    room[key] = room.get(key, 0) + 1
-    return put(state, room=immutables.Map(room), open_version=state.open_version + 1)
+                    room.setdefault((kind, model, cls), set()).add(replica.id)
+    d.room = immutables.Map({key: frozenset(ids) for key, ids in room.items()})
+    d.open_version += 1
 
 
-def bucket_fits(state: State, bucket: Bucket, cls: ServiceClass) -> bool:
+def bucket_fits(view: View, bucket: Bucket, cls: ServiceClass) -> bool:
     """Whether a turn of `cls` in `bucket` could be placed now (all of the bucket, or none)."""
     kind, replica_id, model = bucket
     if kind == "r":
-        home = state.replicas[replica_id]
+        home = view.replicas[replica_id]
         if home.healthy:
             return has_room(home, cls)
         kind = "m"
-    return state.room.get((kind, model, cls), 0) > 0
+    return bool(view.room_for((kind, model, cls)))
 
 
-def waits_for_home(state: State, run: Run) -> bool:
+def waits_for_home(view: View, run: Run) -> bool:
     """`run`'s next turn goes only to its replica: pinned there, or resident (its prefix)."""
-    return state.affinity and bool(run.replica) and (run.pinned or run.resident)
+    return view.affinity and bool(run.replica) and (run.pinned or run.resident)
 
 
-def choose_replica(state: State, turn: HeldTurn) -> Replica | None:
+def choose_replica(view: View, turn: HeldTurn) -> Replica | None:
     """The replica `turn` goes to now, or None if it must keep waiting."""
-    by_model = state.single_pass_by_model if turn.single_pass else state.generative_by_model
-    ids = by_model.get(turn.model, ())
-    run = None if turn.single_pass else state.runs.get(turn.run_id)
     cls = turn.service_class
     # The KV rule holds new runs (and runs resident nowhere) until the held time runs out (the
     # turn sits in an "o" bucket then; one whose run became pinned meanwhile is back in "r").
     kv_rule = not turn.single_pass and turn.bucket[0] != "o"
-    if run is not None and run.replica:
-        home = state.replicas.get(run.replica)
-        if home is not None and home.healthy and run.replica in ids:
-            stays = waits_for_home(state, run)
-            if has_room(home, cls) and (stays or not kv_rule or home.new_fits(cls)):
-                return home  # pinned or resident, or idle and its prefix may still be cached
-            if stays:
-                return None
+    if not turn.single_pass:
+        run = view.runs.get(turn.run_id)
+        if run is not None and run.replica:
+            home = view.replicas.get(run.replica)
+            if home is not None and home.healthy and turn.model in home.models:
+                stays = waits_for_home(view, run)
+                if has_room(home, cls) and (stays or not kv_rule or home.new_fits(cls)):
+                    return home  # pinned or resident, or idle and its prefix may be cached
+                if stays:
+                    return None
     kind = "s" if turn.single_pass else ("m" if kv_rule else "o")
-    if not state.room.get((kind, turn.model, cls)):
-        return None  # no healthy replica of the model has room for the turn
-    replicas = state.replicas
-    candidates = [
-        r
-        for r in (replicas[rid] for rid in ids)
-        if r.healthy and has_room(r, cls) and not (kv_rule and not r.new_fits(cls))
-    ]
-    candidates.sort(key=_load_key)
-    if not turn.opening or len(candidates) < 2:
-        return candidates[0] if candidates else None
-    openings = state.openings
+    ids = view.room_for((kind, turn.model, cls))  # with room, and (for "m") the KV rule
+    if not ids:
+        return None
+    replicas = view.replicas
+    if len(ids) == 1:
+        (only,) = ids
+        return replicas[only]
+    if not turn.opening:
+        return min((replicas[rid] for rid in ids), key=_load_key)
+    candidates = sorted((replicas[rid] for rid in ids), key=_load_key)
+    openings = view.openings
     return prefer(
         candidates,
         load=lambda r: r.in_flight,
@@ -194,7 +198,7 @@ def _load_key(replica: Replica) -> tuple[float, int, str]:
     return (replica.in_flight / cap if cap else 0.0, replica.in_flight, replica.id)
 
 
-def serves(state: State, model: str, single_pass: bool) -> bool:
+def serves(view: View, model: str, single_pass: bool) -> bool:
     """Whether any replica of the kind serves `model` (healthy or not)."""
-    by_model = state.single_pass_by_model if single_pass else state.generative_by_model
+    by_model = view.single_pass_by_model if single_pass else view.generative_by_model
     return bool(by_model.get(model))

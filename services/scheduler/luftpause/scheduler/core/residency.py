@@ -39,27 +39,26 @@ from luftpause.scheduler.core.model import (
     RESIDENCY_STEP_S,
     Replica,
     Run,
-    State,
     evolve,
-    put,
 )
 from luftpause.scheduler.core.placement import set_replica
+from luftpause.scheduler.core.state import Draft, View
 
 
-def footprint(state: State, run: Run) -> int:
+def footprint(view: View, run: Run) -> int:
     """The KV `run`'s context needs on its replica, with its next round (at least 1)."""
     own = max(run.context_tokens - run.shared_tokens, 0)
-    return max(own + state.sizes.next_round, 1)
+    return max(own + view.sizes.next_round, 1)
 
 
-def first_footprint(state: State, prompt_bytes: int) -> int:
+def first_footprint(view: View, prompt_bytes: int) -> int:
     """A new run's footprint before any usage is reported: its request, sized by bytes."""
-    return max(state.sizes.prompt_estimate(prompt_bytes) + state.sizes.next_round, 1)
+    return max(view.sizes.prompt_estimate(prompt_bytes) + view.sizes.next_round, 1)
 
 
-def new_run_tokens(state: State) -> int:
+def new_run_tokens(view: View) -> int:
     """What a new run is expected to need (0 until one has been seen)."""
-    return round(state.sizes.new_run_tokens)
+    return round(view.sizes.new_run_tokens)
 
 
 def fits(replica: Replica, resident: int, new_run: int) -> tuple[bool, bool]:
@@ -71,121 +70,107 @@ def fits(replica: Replica, resident: int, new_run: int) -> tuple[bool, bool]:
     return need <= KV_MARGIN_BATCH * pool, need <= KV_MARGIN_INTERACTIVE * pool
 
 
-def _with_resident(state: State, replica: Replica, resident: int) -> State:
-    batch, interactive = fits(replica, resident, new_run_tokens(state))
+def _with_resident(d: Draft, replica: Replica, resident: int) -> None:
+    batch, interactive = fits(replica, resident, new_run_tokens(d))
     if (resident, batch, interactive) == (
         replica.resident_tokens,
         replica.new_batch_fits,
         replica.new_interactive_fits,
     ):
-        return state
+        return
     updated = evolve(
         replica,
         resident_tokens=resident,
         new_batch_fits=batch,
         new_interactive_fits=interactive,
     )
-    return set_replica(state, updated)
+    set_replica(d, updated)
 
 
-def refresh(state: State, replica_id: str) -> State:
+def refresh(d: Draft, replica_id: str) -> None:
     """Recompute a replica's new-run flags (its pool or the new-run size changed)."""
-    replica = state.replicas.get(replica_id)
-    if replica is None:
-        return state
-    return _with_resident(state, replica, replica.resident_tokens)
+    replica = d.replicas.get(replica_id)
+    if replica is not None:
+        _with_resident(d, replica, replica.resident_tokens)
 
 
-def refresh_all(state: State) -> State:
-    for replica_id in state.replicas:
-        state = refresh(state, replica_id)
-    return state
+def refresh_all(d: Draft) -> None:
+    for replica_id in list(d.replicas.keys()):
+        refresh(d, replica_id)
 
 
-def set_footprint(state: State, run: Run, tokens: int, until: float = 0.0) -> tuple[State, Run]:
+def set_footprint(d: Draft, run: Run, tokens: int, until: float = 0.0) -> Run:
     """Make `run` count `tokens` (0: not resident) on its replica until `until` (0: while a
-    turn of it is in flight); store it."""
-    tokens = tokens if run.replica else 0
-    replica = state.replicas.get(run.replica) if run.replica else None
-    if replica is not None and tokens != run.footprint:
-        state = _with_resident(state, replica, replica.resident_tokens - run.footprint + tokens)
-    updated = evolve(run, footprint=tokens if replica is not None else 0, resident_until=until)
-    state = put(state, runs=state.runs.set(run.id, updated))
-    if updated.footprint and until > 0:
-        state = _schedule(state, run.id, until)
-    return state, updated
+    turn of it is in flight); store it, and return it as stored."""
+    replica = d.replicas.get(run.replica) if run.replica else None
+    if replica is None:
+        tokens = 0
+    elif tokens != run.footprint:
+        _with_resident(d, replica, replica.resident_tokens - run.footprint + tokens)
+    if (tokens, until) != (run.footprint, run.resident_until):
+        run = evolve(run, footprint=tokens, resident_until=until)
+        d.runs = d.runs.set(run.id, run)
+    if tokens and until > 0:
+        _schedule(d, run.id, until)
+    return run
 
 
-def _schedule(state: State, run_id: str, until: float) -> State:
+def _schedule(d: Draft, run_id: str, until: float) -> None:
     step = math.ceil(until / RESIDENCY_STEP_S)
-    cursor = state.residency_cursor
-    return put(
-        state,
-        residency_checks=state.residency_checks.set(
-            step, (run_id, state.residency_checks.get(step))
-        ),
-        residency_cursor=step if cursor == -1 or step < cursor else cursor,
-    )
+    d.residency_checks = d.residency_checks.set(step, (run_id, d.residency_checks.get(step)))
+    cursor = d.residency_cursor
+    if cursor == -1 or step < cursor:
+        d.residency_cursor = step
 
 
-def expire(state: State, at: float) -> tuple[State, list[str]]:
+def expire(d: Draft, at: float) -> None:
     """End the residency of every idle or paused run not back by `at` (one whose turn is held
-    is back: `holds` bounds its wait). Returns the replicas whose working set shrank. Costs
-    nothing while no residency is due, so every event may call it."""
-    cursor = state.residency_cursor
+    is back: `holds` bounds its wait). Costs nothing while no residency is due, so every event
+    may call it; a replica whose working set shrank enough is noted in `d.opened`."""
+    cursor = d.residency_cursor
     if cursor == -1 or cursor * RESIDENCY_STEP_S > at:
-        return state, []
-    checks = state.residency_checks
+        return
     last = math.floor(at / RESIDENCY_STEP_S + 1e-9)
-    freed: list[str] = []
     for step in range(cursor, last + 1):
-        chain = checks.get(step)
+        chain = d.residency_checks.get(step)
         if chain is None:
             continue
-        checks = checks.delete(step)
+        d.residency_checks = d.residency_checks.delete(step)
         while chain is not None:
             rid, chain = chain
-            run = state.runs.get(rid)
+            run = d.runs.get(rid)
             if run is None or not run.resident or run.turns_in_flight or run.resident_until > at:
                 continue  # gone, left already, generating, or expected later (rescheduled)
-            if rid in state.held_by_run:
-                state = _schedule(put(state, residency_checks=checks), rid, at + 1.0)
-                checks = state.residency_checks
+            if rid in d.held_by_run:
+                _schedule(d, rid, at + 1.0)
                 continue
-            home = run.replica
-            state, _ = leave(put(state, residency_checks=checks), run)
-            checks = state.residency_checks
-            freed.append(home)
-    if not checks:
-        nxt = -1
-    else:
-        nxt = last + 1 if state.residency_cursor <= last else state.residency_cursor
-    return put(state, residency_checks=checks, residency_cursor=nxt), freed
+            leave(d, run)
+    d.residency_cursor = -1 if not d.residency_checks else max(last + 1, d.residency_cursor)
 
 
-def leave(state: State, run: Run) -> tuple[State, Run]:
+def leave(d: Draft, run: Run) -> Run:
     """`run` is no longer resident anywhere (it moves, ends, or was given up)."""
     if not run.footprint:
-        return state, run
-    return set_footprint(state, run, 0)
+        return run
+    return set_footprint(d, run, 0)
 
 
-def rebuild(state: State) -> State:
+def rebuild(d: Draft) -> None:
     """Every replica's resident tokens and new-run flags, and the residency index, recomputed
     from the runs."""
     totals: dict[str, int] = {}
-    state = put(state, residency_checks=immutables.Map(), residency_cursor=-1)
-    for run in state.runs.values():
+    d.residency_checks = immutables.Map()
+    d.residency_cursor = -1
+    for run in d.runs.values():
         if run.footprint and run.replica:
             totals[run.replica] = totals.get(run.replica, 0) + run.footprint
             if run.resident_until > 0:
-                state = _schedule(state, run.id, run.resident_until)
-    for replica in state.replicas.values():
-        state = _with_resident(state, replica, totals.get(replica.id, 0))
-    return state
+                _schedule(d, run.id, run.resident_until)
+    for replica in list(d.replicas.values()):
+        _with_resident(d, replica, totals.get(replica.id, 0))
 
 
-def reread_s(state: State, run: Run, replica: Replica) -> float | None:
+def reread_s(run: Run, replica: Replica) -> float | None:
     """Seconds `replica` would take to read `run`'s context again; None while unknown."""
     slope = replica.prefill.s_per_token
     if slope is None or not run.context_tokens:

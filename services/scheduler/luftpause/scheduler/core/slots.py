@@ -34,18 +34,19 @@ from __future__ import annotations
 import hashlib
 import re
 
-from luftpause.scheduler.core.model import Phase, Replica, ServiceClass, State
+from luftpause.scheduler.core.model import Phase, Replica, ServiceClass
+from luftpause.scheduler.core.state import View
 
 # Groups whose run will come back to its context: worth a save.
 _COMES_BACK = 2
 
 
-def _wanted(state: State, replica: Replica, slot: int) -> tuple[int, float]:
+def _wanted(state: View, replica: Replica, slot: int) -> tuple[int, float]:
     """When `slot`'s content is wanted again, as (group, order): lower is later, evict first."""
     return _run_wanted(state, replica, replica.slot_runs[slot])
 
 
-def _run_wanted(state: State, replica: Replica, run_id: str) -> tuple[int, float]:
+def _run_wanted(state: View, replica: Replica, run_id: str) -> tuple[int, float]:
     """When the context of `run_id` on `replica` is wanted again (see `_wanted`)."""
     holder = state.runs.get(run_id) if run_id else None
     if holder is None or holder.replica != replica.id or holder.phase is Phase.GENERATING:
@@ -59,7 +60,7 @@ def _run_wanted(state: State, replica: Replica, run_id: str) -> tuple[int, float
     return (5 if interactive else 3), -min(state.held[t].seq for t in held)
 
 
-def pick(state: State, replica: Replica, run_id: str) -> int | None:
+def pick(state: View, replica: Replica, run_id: str) -> int | None:
     """The slot a turn of `run_id` takes on `replica`, or None if all are busy."""
     free = [s for s in range(replica.slots) if s not in replica.busy_slots]
     if not free:
@@ -70,14 +71,15 @@ def pick(state: State, replica: Replica, run_id: str) -> int | None:
     return min(free, key=lambda s: (*_wanted(state, replica, s), s))
 
 
-def take(replica: Replica, slot: int, run_id: str) -> dict[str, object]:
-    """The replica's slot fields once a turn of `run_id` is in `slot`."""
+def take(replica: Replica, slot: int, run_id: str) -> tuple[str, ...]:
+    """The replica's slot table once a turn of `run_id` is in `slot` (the slot is busy then:
+    `counters` counts it)."""
     holders = list(replica.slot_runs)
     holders[slot] = run_id
-    return {"slot_runs": tuple(holders), "busy_slots": replica.busy_slots | {slot}}
+    return tuple(holders)
 
 
-def offload(state: State, replica: Replica, slot: int, run_id: str) -> tuple[int, int]:
+def offload(state: View, replica: Replica, slot: int, run_id: str) -> tuple[int, int]:
     """For a turn of `run_id` about to take `slot` (not yet taken): the file to save the slot's
     content to first, and the file to restore the run's context from; -1 for none.
     """

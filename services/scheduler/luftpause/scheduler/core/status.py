@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.scheduler.core import slots
-from luftpause.scheduler.core.model import Phase, ServiceClass, State
+from luftpause.scheduler.core.model import Phase, ServiceClass
 from luftpause.scheduler.core.placement import is_open
+from luftpause.scheduler.core.state import State
 
 
 def status_view(state: State, now: float) -> dict[str, Any]:

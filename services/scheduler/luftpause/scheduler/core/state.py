@@ -1,0 +1,161 @@
+"""The decision core's state: `State`, immutable, and `Draft`, the one mutable copy of it.
+
+Pure module: values only. `decide()` makes a `Draft` of the state it is given, the core's steps
+change the draft, and `Draft.freeze()` makes the next `State`; nothing else ever changes state,
+and the type checker holds everyone else to that (`State` is a frozen dataclass). The
+maps are persistent (`immutables.Map`, a HAMT): an update copies O(log n) nodes, so a step costs
+what it changes, and the previous state stays whole for whoever holds it.
+
+Facts and indexes. The facts are what the scheduler was told or decided: the replicas (their
+configuration, health, what their engines report, their slot and save tables, what was learned
+about their prefill), the runs, the turns in flight, the held turns, the dataplanes' links, the
+learned sizes, comebacks and openings. Everything else is an index, derived from the facts and
+kept in step with them by exactly one module, which owns both the step-by-step update and a
+`rebuild` from the facts alone (Resync rebuilds; the property tests check after every step that
+each index equals its rebuild):
+
+- `counters`: per replica, the turns in flight (all, interactive), the busy slots and the
+  interactive runs paused on a tool there; per caller and per run, the turns in flight;
+- `queues`: the held-turn queues, their heads, the held turns by run;
+- `expiry`: the turn-timeout order, the runs' idle-expiry checks;
+- `residency`: per replica, the resident tokens and new-run flags; the residency checks;
+- `placement`: the replicas with room per (kind, model, class); the open-replica version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import immutables
+
+from luftpause.scheduler.core.learned import Comeback, ComebackKey, Sizes
+from luftpause.scheduler.core.model import (
+    DATAPLANE_GRACE_S,
+    Bucket,
+    Chain,
+    DataplaneLink,
+    HeldTurn,
+    Replica,
+    Run,
+    ServiceClass,
+    Turn,
+)
+from luftpause.scheduler.core.openings import OpeningIndex
+
+_EMPTY: immutables.Map[Any, Any] = immutables.Map()
+_NO_SIZES = Sizes()
+_NO_ROOM: frozenset[str] = frozenset()
+
+RoomKey = tuple[str, str, ServiceClass]
+QueueKey = tuple[Bucket, ServiceClass, str]
+HeadKey = tuple[Bucket, ServiceClass]
+
+
+@dataclass(frozen=True, kw_only=True)
+class State:
+    """Everything the scheduler knows, as of one event. Never changed: see `Draft`."""
+
+    # --- facts ---
+    replicas: immutables.Map[str, Replica] = _EMPTY
+    # model -> replica ids serving it (generative and single-pass apart), fixed by config.
+    generative_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
+    single_pass_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
+    runs: immutables.Map[str, Run] = _EMPTY
+    turns: immutables.Map[str, Turn] = _EMPTY
+    held: immutables.Map[str, HeldTurn] = _EMPTY
+    next_seq: int = 0
+    dataplanes: immutables.Map[str, DataplaneLink] = _EMPTY
+    dataplane_grace_s: float = DATAPLANE_GRACE_S
+    # Strict run affinity (the default). Off only as a benchmark ablation: runs free to move.
+    affinity: bool = True
+    # Learned from reported turns (see `learned`): token sizes over the pool, and per (class,
+    # ended with tool calls, rounds finished or -1 for any) how runs come back.
+    sizes: Sizes = _NO_SIZES
+    comebacks: immutables.Map[ComebackKey, Comeback] = _EMPTY
+    # Per replica, the openings it served lately (see `openings`).
+    openings: immutables.Map[str, OpeningIndex] = _EMPTY
+    # --- indexes (see the table above for their owners) ---
+    caller_in_flight: immutables.Map[str, int] = _EMPTY
+    # (bucket, class, caller) -> FIFO (front chain, reversed back chain) of (seq, turn id);
+    # (bucket, class) -> caller -> (seq, id) of its queue's head; run -> its held turn ids.
+    queues: immutables.Map[QueueKey, tuple[Chain, Chain]] = _EMPTY
+    heads: immutables.Map[HeadKey, immutables.Map[str, tuple[int, str]]] = _EMPTY
+    held_by_run: immutables.Map[str, tuple[str, ...]] = _EMPTY
+    # Placement order -> turn id, from head (oldest) to tail; second -> chain of runs to check.
+    turn_order: immutables.Map[int, str] = _EMPTY
+    turn_order_head: int = 0
+    turn_order_tail: int = 0
+    run_checks: immutables.Map[int, Chain] = _EMPTY
+    run_check_cursor: int = -1
+    # Step of RESIDENCY_STEP_S -> chain of runs whose residency may end then.
+    residency_checks: immutables.Map[int, Chain] = _EMPTY
+    residency_cursor: int = -1
+    # (kind, model, class) -> healthy replicas serving the model with room for the class: kind
+    # "m" where a new run may start too (the KV rule), "o" any, "s" single-pass.
+    room: immutables.Map[RoomKey, frozenset[str]] = _EMPTY
+    # Bumped whenever the set of open replicas (`placement.is_open`) may have changed; the shell
+    # publishes the new set to the dataplanes when it sees a new value.
+    open_version: int = 0
+
+    def room_for(self, key: RoomKey) -> frozenset[str]:
+        return self.room.get(key, _NO_ROOM)
+
+
+class Draft:
+    """The state one `decide()` call works on: the same fields as `State`, each settable.
+
+    Made only by `decide()` (`Draft(state)`), frozen into the next `State` at its end. Besides
+    the state's fields it collects `opened`: the replicas whose room for new runs opened during
+    the call, whose held turns the call drains before it returns. Both keep their fields in an
+    instance `__dict__`, so making a draft and freezing it are one dict copy each (a decision
+    is a few dozen microseconds; copying 26 slots one by one was a tenth of it).
+    """
+
+    # The fields of `State`, as documented there.
+    replicas: immutables.Map[str, Replica]
+    generative_by_model: immutables.Map[str, tuple[str, ...]]
+    single_pass_by_model: immutables.Map[str, tuple[str, ...]]
+    runs: immutables.Map[str, Run]
+    turns: immutables.Map[str, Turn]
+    held: immutables.Map[str, HeldTurn]
+    next_seq: int
+    dataplanes: immutables.Map[str, DataplaneLink]
+    dataplane_grace_s: float
+    affinity: bool
+    sizes: Sizes
+    comebacks: immutables.Map[ComebackKey, Comeback]
+    openings: immutables.Map[str, OpeningIndex]
+    caller_in_flight: immutables.Map[str, int]
+    queues: immutables.Map[QueueKey, tuple[Chain, Chain]]
+    heads: immutables.Map[HeadKey, immutables.Map[str, tuple[int, str]]]
+    held_by_run: immutables.Map[str, tuple[str, ...]]
+    turn_order: immutables.Map[int, str]
+    turn_order_head: int
+    turn_order_tail: int
+    run_checks: immutables.Map[int, Chain]
+    run_check_cursor: int
+    residency_checks: immutables.Map[int, Chain]
+    residency_cursor: int
+    room: immutables.Map[RoomKey, frozenset[str]]
+    open_version: int
+    opened: list[str]
+
+    def __init__(self, s: State) -> None:
+        self.__dict__.update(s.__dict__)
+        self.opened = []
+
+    def room_for(self, key: RoomKey) -> frozenset[str]:
+        return self.room.get(key, _NO_ROOM)
+
+    def freeze(self) -> State:
+        """The state this draft now describes."""
+        state = object.__new__(State)
+        fields = state.__dict__
+        fields.update(self.__dict__)
+        del fields["opened"]
+        return state
+
+
+View = State | Draft
+"""What the core's queries read: a state, or the draft a step is making."""
