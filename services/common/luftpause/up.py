@@ -2,6 +2,7 @@
 
 Shell module. Each child is its own `luftpause <subcommand>` process with the arguments it
 needs (printed at start), so any one of them can be restarted alone with the same command line.
+The simulated engines too are started by command line: nothing here imports the test kit.
 Without `--config` the engines are simulated (`luftpause fake-engine`, the `gpu` profile unless
 `--engine-profile cpu`); with `--config FILE` the stack stands in front of the engines the
 endpoint file names and starts none. Each group of children starts once the one before is
@@ -24,10 +25,12 @@ from pathlib import Path
 
 from luftpause.common import envargs
 from luftpause.common.config import ConfigError, load_config
-from luftpause.testkit.engine.params import GPU_PROFILE, PROFILES
-from luftpause.testkit.procs import ChildFailed, Proc
+from luftpause.common.procs import ChildFailed, Proc
 
 SIM_MODEL = "luftpause-sim"
+# `luftpause fake-engine --profile` names, kept here so the product never imports the test kit
+# (tests/test_layout.py checks they are the simulator's).
+ENGINE_PROFILES = ("cpu", "gpu")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-port", type=int, default=9001, help="first engine's port")
     p.add_argument(
         "--engine-profile",
-        choices=tuple(PROFILES),
-        default=GPU_PROFILE.name,
+        choices=ENGINE_PROFILES,
+        default="gpu",
         help="the simulated engines' profile (fake-engine --profile; default gpu: fast replies)",
     )
     p.add_argument(

@@ -50,16 +50,18 @@ import openai
 from openai import AsyncOpenAI
 
 from luftpause.testkit.agents import LOOKUP_TOOL
-from luftpause.testkit.preambles import PREAMBLE_STYLE, PREAMBLES, opening, text_tool_calls
+from luftpause.testkit.preambles import (
+    PREAMBLE_STYLE,
+    PREAMBLES,
+    opening,
+    pad,
+    text_tool_calls,
+)
 from luftpause.testkit.stats import jain, percentile
 
 TOOL_STYLES = ("openai", "text")
 TOOL_RESULT = "42 km"
 LAST_CALL_NOTE = "No more tool calls: answer now."
-FILLER = (
-    "The river runs past the old mill and the town keeps its records in the hall. "
-    "Each season the ledger grows by a page and the clerk notes the weather. "
-)
 
 
 @dataclass
@@ -119,13 +121,6 @@ class Workload:
             raise ValueError("the text tool style offers no tools to keep")
         if self.shared_prefix_chars < 0:
             raise ValueError("shared_prefix_chars must be >= 0")
-
-
-def pad(rng: random.Random, chars: int) -> str:
-    """A task of about `chars` characters, distinct per run so prefixes are per run."""
-    head = f"Task {rng.getrandbits(48):012x}: summarise the notes below, looking up facts. "
-    body = FILLER * (max(chars - len(head), 0) // len(FILLER) + 1)
-    return (head + body)[: max(chars, len(head))]
 
 
 async def turn(

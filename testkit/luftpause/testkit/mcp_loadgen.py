@@ -28,7 +28,7 @@ import aiohttp
 from mcp import Client
 from mcp.types import Implementation
 
-from luftpause.testkit.loadgen import pad
+from luftpause.testkit.preambles import pad
 from luftpause.testkit.stats import jain, percentile
 
 CLASSES = ("interactive", "batch")

@@ -1,10 +1,13 @@
-"""What an agent puts at the start of every run's conversation: the same text for every run.
+"""What an agent puts at the start of a run's conversation: the text every run shares, then
+the task (`pad`) that makes each run its own. Both load generators (`loadgen`, `mcp_loadgen`)
+take their tasks from here.
 
-Pure module: constants and a deterministic text builder. A base model (Gemma 3 270M, see
-`testkit.llamacpp`) calls tools only after it has been shown calls in the format its chat
-template parses; `gemma` is that few-shot start. `TEXT_TOOL_SYSTEM` describes a text tool
-protocol (calls written as `<tool_call>` blocks, results sent back as user messages), and
-`shared_prefix` is a preamble of a chosen length that every run of every agent shares.
+Pure module: constants and deterministic text builders (`pad` draws from the generator it
+is given). A base model (Gemma 3 270M, see `testkit.llamacpp`) calls tools only after it has
+been shown calls in the format its chat template parses; `gemma` is that few-shot start.
+`TEXT_TOOL_SYSTEM` describes a text tool protocol (calls written as `<tool_call>` blocks,
+results sent back as user messages), and `shared_prefix` is a preamble of a chosen length that
+every run of every agent shares.
 
 `opening` puts them together. A run opens with at most one system message (chat templates such
 as Gemma's accept a system message only as the first message): the shared text, then the text
@@ -15,6 +18,7 @@ the named preamble.
 from __future__ import annotations
 
 import json
+import random
 import re
 from typing import Any
 
@@ -132,3 +136,16 @@ def opening(preamble: str, *, shared_chars: int, text_tools: bool) -> list[dict[
         system.append(rest.pop(0)["content"])
     head = [{"role": "system", "content": "\n\n".join(system)}] if system else []
     return head + rest
+
+
+FILLER = (
+    "The river runs past the old mill and the town keeps its records in the hall. "
+    "Each season the ledger grows by a page and the clerk notes the weather. "
+)
+
+
+def pad(rng: random.Random, chars: int) -> str:
+    """A task of about `chars` characters, distinct per run so prefixes are per run."""
+    head = f"Task {rng.getrandbits(48):012x}: summarise the notes below, looking up facts. "
+    body = FILLER * (max(chars - len(head), 0) // len(FILLER) + 1)
+    return (head + body)[: max(chars, len(head))]

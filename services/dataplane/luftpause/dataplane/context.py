@@ -88,7 +88,7 @@ class Dataplane:
             caller=caller,
             request_bytes=request_bytes,
             single_pass=single_pass,
-            report=self.link.report if span is None else span.reporter(self.link.report),
+            report=self.link.report,
             span=span,
             runs=self.runs,
             memory=self.memory,

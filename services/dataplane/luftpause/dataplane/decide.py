@@ -52,7 +52,6 @@ from luftpause.dataplane.middleware import json_error
 from luftpause.dataplane.proxy import read_body
 from luftpause.dataplane.reply import summarize_completion
 from luftpause.dataplane.turn import Turn
-from luftpause.rpc import scheduler_pb2 as pb
 
 CLIENT_GONE = "client disconnected"
 
@@ -106,10 +105,8 @@ async def _classify(
         request_bytes=len(body),
         single_pass=True,
     )
-    admit = _admit_request(dp, turn, "", ask.model, caller)
-    admit.single_pass = True
     try:
-        reply = await _exchange(request, dp, turn, admit, "/classify", body, run_id)
+        reply = await _exchange(request, dp, turn, "/classify", body, run_id)
         if isinstance(reply, web.StreamResponse):
             return reply
         if reply.ok:
@@ -140,9 +137,8 @@ async def _labels(
         caller=caller,
         request_bytes=len(body),
     )
-    admit = _admit_request(dp, turn, run_id, ask.model, caller)
     try:
-        reply = await _exchange(request, dp, turn, admit, "/v1/chat/completions", body, run_id)
+        reply = await _exchange(request, dp, turn, "/v1/chat/completions", body, run_id)
         if isinstance(reply, web.StreamResponse):
             return reply
         if not reply.ok:
@@ -165,24 +161,10 @@ async def _labels(
         turn.close(CLIENT_GONE)
 
 
-def _admit_request(
-    dp: Dataplane, turn: Turn, run_id: str, model: str, caller: str
-) -> pb.AdmitRequest:
-    return wire.admit_request(
-        turn_id=turn.turn_id,
-        run_id=run_id,
-        model=model,
-        service_class=turn.service_class,
-        caller=caller,
-        dataplane_id=dp.dataplane_id,
-    )
-
-
 async def _exchange(
     request: web.Request,
     dp: Dataplane,
     turn: Turn,
-    admit: pb.AdmitRequest,
     path: str,
     body: bytes,
     run_id: str,
@@ -190,6 +172,15 @@ async def _exchange(
     """Admit, send `body` to the replica's `path`, read the whole reply; the turn ends here
     (finished on a 2xx, failed otherwise) unless the client leaves. A response is an error
     for the client as it is."""
+    admit = wire.admit_request(
+        turn_id=turn.turn_id,
+        run_id=turn.run_id,
+        model=turn.model,
+        service_class=turn.service_class,
+        caller=turn.caller,
+        dataplane_id=dp.dataplane_id,
+        single_pass=turn.single_pass,
+    )
     try:
         placement = await dp.link.admit(admit)
     except (ModelNotFound, SchedulerError) as exc:

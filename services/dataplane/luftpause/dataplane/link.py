@@ -99,7 +99,7 @@ class SchedulerLink:
         self._reconnect_delay = reconnect_delay
         self._queue: asyncio.Queue[pb.DataplaneItem | None] = asyncio.Queue()
         self._ready = asyncio.Event()
-        self._waiting: dict[str, tuple[pb.AdmitRequest, asyncio.Future[pb.AdmitReply]]] = {}
+        self._waiting: dict[str, tuple[pb.AdmitRequest, asyncio.Future[wire.Placement]]] = {}
         self._lazy: list[pb.DataplaneItem] = []
         self._lazy_timer: asyncio.TimerHandle | None = None
         self._open: dict[str, tuple[OpenReplica, ...]] = {}
@@ -188,7 +188,7 @@ class SchedulerLink:
         self._open_ids = frozenset(r.replica_id for r in replicas)
 
     def placed(self, request: pb.AdmitRequest) -> None:
-        """Report a turn this dataplane placed itself (`placed_replica_id` set); never blocks.
+        """Report a turn this dataplane placed itself (`wire.placed_here`); never blocks.
 
         The report waits up to `PLACED_FLUSH_SECONDS` for company (the turn's own end, for a
         short one), so its stream write does not compete with the turn's request to the engine.
@@ -200,10 +200,10 @@ class SchedulerLink:
         if self._lazy:
             self._queue.put_nowait(_WAKE)
 
-    async def admit(self, request: pb.AdmitRequest) -> pb.AdmitReply:
+    async def admit(self, request: pb.AdmitRequest) -> wire.Placement:
         """Wait until the scheduler places the turn; hold through outages."""
         turn_id = request.turn_id
-        fut: asyncio.Future[pb.AdmitReply] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[wire.Placement] = asyncio.get_running_loop().create_future()
         self._waiting[turn_id] = (request, fut)
         if self.ready:
             self._queue.put_nowait(pb.DataplaneItem(admit=request))
@@ -317,7 +317,7 @@ class SchedulerLink:
     async def _read(self, call: _SessionCall) -> None:
         async for batch in call:
             if batch.HasField("open"):
-                self._set_open([open_replica(r) for r in batch.open.replicas])
+                self._set_open(wire.open_replicas(batch.open))
             for run_id in batch.taken_runs:
                 self._runs.end_run(run_id)  # another dataplane serves it now
             for placement in batch.placements:
@@ -331,7 +331,7 @@ class SchedulerLink:
             return  # withdrawn meanwhile; its abandoned event ends it at the scheduler
         fut = entry[1]
         if placement.HasField("placed"):
-            fut.set_result(placement.placed)
+            fut.set_result(wire.placement(placement.placed))
             return
         refused = placement.refused
         if refused.code == grpc.StatusCode.NOT_FOUND.value[0]:
@@ -348,15 +348,3 @@ class SchedulerLink:
         if self._closing:
             self._queue.put_nowait(None)
         return dropped
-
-
-def open_replica(message: pb.OpenReplica) -> OpenReplica:
-    return OpenReplica(
-        replica_id=message.replica_id,
-        url=message.replica_url,
-        models=frozenset(message.models),
-        interactive_priority=(
-            message.interactive_priority if message.HasField("interactive_priority") else None
-        ),
-        batch_priority=message.batch_priority if message.HasField("batch_priority") else None,
-    )

@@ -144,9 +144,8 @@ async def _admit_and_proxy(
         dataplane_id=dp.dataplane_id,
         prompt_bytes=turn.request_bytes,
         opening=opening,
+        traceparent="" if turn.span is None else turn.span.traceparent,
     )
-    if turn.span is not None:
-        admit.traceparent = turn.span.traceparent
     runs = dp.runs
     local = None
     waited = 0.0  # for the scheduler and slot calls: not the dataplane's own time
@@ -160,55 +159,52 @@ async def _admit_and_proxy(
             memory=dp.openings,
         )
     if local is not None:
-        replica_id, replica_url = local.replica_id, local.url
-        priority = local.engine_priority(turn.service_class)
-        slot = None  # an open replica has no slots to assign
-        save = restore = None
-        admit.placed_replica_id = replica_id
-        dp.link.placed(admit)
+        # An open replica has no slots to assign and held nothing.
+        placement = wire.Placement(
+            replica_id=local.replica_id,
+            replica_url=local.url,
+            engine_priority=local.engine_priority(turn.service_class),
+        )
+        dp.link.placed(wire.placed_here(admit, local.replica_id))
         dp.metrics.placed_locally.inc()
     else:
         asked = time.perf_counter()
         try:
-            reply = await dp.link.admit(admit)
+            placement = await dp.link.admit(admit)
         except (ModelNotFound, SchedulerError) as exc:
             turn.rejected()
             return json_error(exc.status, exc.message, run_id=turn.run_id)
         waited = time.perf_counter() - asked
         if request.transport is None or request.transport.is_closing():
-            turn.placed(reply.replica_id)
+            turn.placed(placement.replica_id)
             turn.failed(CLIENT_GONE)  # placed as the client left: free the slot, send nothing
             return web.Response(status=499)
-        replica_id, replica_url = reply.replica_id, reply.replica_url
-        priority = reply.engine_priority if reply.HasField("engine_priority") else None
-        slot = reply.engine_slot if reply.HasField("engine_slot") else None
-        save = reply.slot_save if reply.HasField("slot_save") else None
-        restore = reply.slot_restore if reply.HasField("slot_restore") else None
+    replica_id, slot = placement.replica_id, placement.engine_slot
     turn.placed(replica_id)
     if opening:
         dp.openings.record(replica_id, opening)
-    url = replica_url.rstrip("/") + "/v1/chat/completions"
+    url = placement.replica_url.rstrip("/") + "/v1/chat/completions"
     headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
     if turn.span is not None:
-        held_ms = 0.0 if local is not None else reply.held_ms
-        turn.span.placed(replica_id, held_ms, locally=local is not None)
+        turn.span.placed(replica_id, placement.held_ms, locally=local is not None)
         turn.span.outgoing(headers)
+    priority = placement.engine_priority
     if priority is not None or slot is not None:  # most engines take the client's body as is
         fields = {"priority": priority, "id_slot": slot}
         body = with_fields(body, {k: v for k, v in fields.items() if v is not None})
     turn.started()
-    if slot is not None and (save is not None or restore is not None):
+    if slot is not None and (placement.slot_save is not None or placement.slot_restore is not None):
         preparing = time.perf_counter()
         await prepare_slot(
             dp.transport,
             dp.metrics,
             dp.slot_order,
             replica_id=replica_id,
-            replica_url=replica_url,
+            replica_url=placement.replica_url,
             api_key=dp.api_keys.get(replica_id, ""),
             slot=slot,
-            save=save,
-            restore=restore,
+            save=placement.slot_save,
+            restore=placement.slot_restore,
         )
         waited += time.perf_counter() - preparing
     own = time.perf_counter() - arrived - waited

@@ -6,8 +6,8 @@ named `chat <model>`, child of the request's `traceparent` (the runtime sends on
 agents may), current while the turn runs, so the turn's log lines carry its trace id. The span's
 own `traceparent` goes on to the scheduler (`AdmitRequest.traceparent`, its `admit` span's
 parent) and to the engine (replacing the client's header). The turn's events as reported to the
-scheduler (started, first_token, finished, failed, abandoned) are also recorded on the span, so
-each carries the trace id.
+scheduler (started, first_token, finished, failed, abandoned) are also recorded on the span
+(`turn.Turn` tells it each one), so each carries the trace id.
 
 Attributes (GenAI conventions where they apply): gen_ai.operation.name `chat`,
 gen_ai.request.model, gen_ai.usage.input_tokens / output_tokens / cache_read.input_tokens,
@@ -28,12 +28,10 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from luftpause.common import tracing
-from luftpause.rpc import scheduler_pb2 as pb
+from luftpause.dataplane.reply import ReplySummary
 
 SCOPE = "luftpause.dataplane"
 ROUTE = "/v1/chat/completions"
-
-Report = Callable[[pb.TurnEvent, str], None]
 
 
 class TracedHandler(Protocol):
@@ -90,33 +88,30 @@ class TurnSpan:
         """The engine request's headers: this span's trace context replaces the client's."""
         tracing.inject(headers, trace.set_span_in_context(self.span))
 
-    def reporter(self, forward: Report) -> Report:
-        """`forward` (the link's `report`), recording each event on the span first."""
+    def event(self, kind: str) -> None:
+        """A turn event without details, as reported: started, first_token, abandoned."""
+        if self.on:
+            self.span.add_event(kind)
+
+    def finished(self, summary: ReplySummary) -> None:
+        """The turn finished: its usage (when the engine reported it) and finish reason."""
         if not self.on:
-            return forward
+            return
+        self.span.add_event("finished")
+        attributes: dict[str, int | list[str]] = {}
+        if summary.usage is not None:
+            attributes[tracing.GEN_AI_USAGE_INPUT_TOKENS] = summary.usage.prompt_tokens
+            attributes[tracing.GEN_AI_USAGE_OUTPUT_TOKENS] = summary.usage.completion_tokens
+            attributes[tracing.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = summary.usage.cached_tokens
+        if summary.finish_reason:
+            attributes[tracing.GEN_AI_RESPONSE_FINISH_REASONS] = [summary.finish_reason]
+        self.span.set_attributes(attributes)
 
-        def report(event: pb.TurnEvent, replica_id: str) -> None:
-            self._event(event)
-            forward(event, replica_id)
-
-        return report
-
-    def _event(self, event: pb.TurnEvent) -> None:
-        kind = event.WhichOneof("kind") or ""
-        self.span.add_event(kind)
-        if kind == "finished":
-            done = event.finished
-            attributes: dict[str, int | list[str]] = {
-                tracing.GEN_AI_USAGE_INPUT_TOKENS: done.usage.prompt_tokens,
-                tracing.GEN_AI_USAGE_OUTPUT_TOKENS: done.usage.completion_tokens,
-                tracing.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: done.usage.cached_tokens,
-            }
-            if done.finish_reason:
-                attributes[tracing.GEN_AI_RESPONSE_FINISH_REASONS] = [done.finish_reason]
-            self.span.set_attributes(attributes)
-        elif kind == "failed":
+    def failed(self, reason: str) -> None:
+        if self.on:
+            self.span.add_event("failed")
             self.span.set_attribute(tracing.ERROR_TYPE, "turn_failed")
-            self.span.set_status(Status(StatusCode.ERROR, event.failed.reason))
+            self.span.set_status(Status(StatusCode.ERROR, reason))
 
     def end(self, status: int | None) -> None:
         """The response went out with `status` (None: the handler was cancelled)."""

@@ -1,7 +1,8 @@
 """One turn's bookkeeping: its events in order, exactly one end, the run table kept current.
 
 Shell-side helper with no I/O of its own: events go to the link's queue (`report` never
-blocks), state to the pure `RunTable` and `ToolCallMemory`, counts to `Metrics`.
+blocks) and, with tracing on, to the turn's span; state to the pure `RunTable` and
+`ToolCallMemory`, counts to `Metrics`.
 
 Lifecycle and the events it reports::
 
@@ -30,7 +31,6 @@ from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
 from luftpause.dataplane.reply import ReplySummary
 from luftpause.dataplane.runs import RunTable, TurnRecord
-from luftpause.rpc import scheduler_pb2 as pb
 
 if TYPE_CHECKING:
     from luftpause.dataplane.spans import TurnSpan
@@ -75,7 +75,7 @@ class Turn:
         service_class: ServiceClass,
         caller: str,
         request_bytes: int,
-        report: Callable[[pb.TurnEvent, str], None],
+        report: wire.Report,
         runs: RunTable,
         memory: ToolCallMemory,
         metrics: Metrics,
@@ -84,7 +84,7 @@ class Turn:
         span: TurnSpan | None = None,
     ) -> None:
         self.turn_id = turn_id
-        # With tracing on, the turn's span (`spans`); its events reach it through `report`.
+        # With tracing on, the turn's span (`spans`): it records the events reported.
         self.span = span
         # A single-pass turn (/v1/decide on a classifier) is outside run state: empty run id,
         # never in the run table (so not in a Resync: it lasts milliseconds).
@@ -128,12 +128,16 @@ class Turn:
         self._expect(State.PLACED)
         self.state = State.STARTED
         self._report(wire.started(self.turn_id, self.run_id), self.replica_id)
+        if self.span is not None:
+            self.span.event("started")
 
     def first_token(self) -> None:
         """The engine sent its first token (reported once)."""
         if self.state is State.STARTED and not self._first_token_sent:
             self._first_token_sent = True
             self._report(wire.first_token(self.turn_id, self.run_id), self.replica_id)
+            if self.span is not None:
+                self.span.event("first_token")
 
     def finished(self, summary: ReplySummary) -> None:
         """The reply arrived whole; a reply with tool calls pauses the run."""
@@ -145,6 +149,8 @@ class Turn:
                 self._memory.remember(summary.tool_call_ids, self.run_id, now)
             self._runs.turn_ended(self.turn_id, tool_paused=summary.tool_calls, now=now)
         self._report(wire.finished(self.turn_id, self.run_id, summary), self.replica_id)
+        if self.span is not None:
+            self.span.finished(summary)
         self._count("finished")
 
     def failed(self, reason: str) -> None:
@@ -155,6 +161,8 @@ class Turn:
         if not self.single_pass:
             self._runs.turn_ended(self.turn_id, tool_paused=False, now=self._clock())
         self._report(wire.failed(self.turn_id, self.run_id, reason), self.replica_id)
+        if self.span is not None:
+            self.span.failed(reason)
         self._count("failed")
 
     def rejected(self) -> None:
@@ -167,6 +175,8 @@ class Turn:
         if self.state is State.HELD:
             self.state = State.ENDED
             self._report(wire.abandoned(self.turn_id, self.run_id), self.replica_id)
+            if self.span is not None:
+                self.span.event("abandoned")
             self._count("abandoned")
         elif self.state is not State.ENDED:
             self.failed(reason)

@@ -1,14 +1,19 @@
 """Dataplane values to and from the scheduler's protobuf messages.
 
 Pure module: no I/O. The only module besides `link` that imports the generated code, so the
-rest of the dataplane speaks in its own frozen values.
+rest of the dataplane speaks in its own frozen values. Two messages pass through the rest
+unopened: the `AdmitRequest` built here goes to `link.admit` or `link.placed`, and a turn's
+events built here go to `link.report` (the `Report` callable).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
 
 from luftpause.dataplane.identity import ServiceClass
+from luftpause.dataplane.local import OpenReplica
 from luftpause.dataplane.reply import ReplySummary
 from luftpause.dataplane.runs import Phase, RunRecord, Snapshot, TurnRecord
 from luftpause.rpc import scheduler_pb2 as pb
@@ -26,6 +31,27 @@ _PHASE = {
     Phase.TOOL_PAUSED: pb.RUN_PHASE_TOOL_PAUSED,
 }
 
+# Where a turn's events go (`link.report`): the event and the replica the turn is on ("" while
+# held).
+Report: TypeAlias = Callable[[pb.TurnEvent, str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """Where the scheduler placed a turn, and what the request to that engine must carry."""
+
+    replica_id: str
+    replica_url: str
+    held_ms: float = 0.0
+    # The request's `priority` field, replacing the client's; None leaves the body alone.
+    engine_priority: int | None = None
+    # The llama.cpp slot the request names (`id_slot`); None lets the engine pick.
+    engine_slot: int | None = None
+    # Before the request, save the slot's content to this engine file, then restore the run's
+    # context from that one; None for neither.
+    slot_save: str | None = None
+    slot_restore: str | None = None
+
 
 def admit_request(
     *,
@@ -37,6 +63,8 @@ def admit_request(
     dataplane_id: str,
     prompt_bytes: int = 0,
     opening: Sequence[tuple[int, int]] = (),
+    single_pass: bool = False,
+    traceparent: str = "",
 ) -> pb.AdmitRequest:
     """The Admit call for one turn; the same message is sent again on every retry."""
     return pb.AdmitRequest(
@@ -48,7 +76,46 @@ def admit_request(
         caller=caller,
         dataplane_id=dataplane_id,
         prompt_bytes=prompt_bytes,
+        single_pass=single_pass,
+        traceparent=traceparent,
     )
+
+
+def placed_here(request: pb.AdmitRequest, replica_id: str) -> pb.AdmitRequest:
+    """`request` as the report of a turn this dataplane placed on the open replica itself."""
+    report = pb.AdmitRequest()
+    report.CopyFrom(request)
+    report.placed_replica_id = replica_id
+    return report
+
+
+def placement(reply: pb.AdmitReply) -> Placement:
+    """The scheduler's answer to an Admit, in the dataplane's terms."""
+    return Placement(
+        replica_id=reply.replica_id,
+        replica_url=reply.replica_url,
+        held_ms=reply.held_ms,
+        engine_priority=reply.engine_priority if reply.HasField("engine_priority") else None,
+        engine_slot=reply.engine_slot if reply.HasField("engine_slot") else None,
+        slot_save=reply.slot_save if reply.HasField("slot_save") else None,
+        slot_restore=reply.slot_restore if reply.HasField("slot_restore") else None,
+    )
+
+
+def open_replicas(message: pb.OpenReplicas) -> list[OpenReplica]:
+    """The open replicas the scheduler announced (see `local`)."""
+    return [
+        OpenReplica(
+            replica_id=r.replica_id,
+            url=r.replica_url,
+            models=frozenset(r.models),
+            interactive_priority=(
+                r.interactive_priority if r.HasField("interactive_priority") else None
+            ),
+            batch_priority=r.batch_priority if r.HasField("batch_priority") else None,
+        )
+        for r in message.replicas
+    ]
 
 
 def started(turn_id: str, run_id: str) -> pb.TurnEvent:
