@@ -13,8 +13,9 @@ import pytest
 from mcp import Client
 
 from luftpause.runtime import machine as m
+from luftpause.runtime.arguments import AWAIT_DEFAULT, AWAIT_MAX
 from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import AWAIT_DEFAULT, AWAIT_MAX, build_server
+from luftpause.runtime.server import build_server
 
 HANDLE = "run-0"
 

@@ -36,6 +36,7 @@ from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.runtime import spans
+from luftpause.runtime.arguments import spawn_args
 from luftpause.runtime.auth import BearerAuth
 from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
 from luftpause.runtime.llm import Llm
@@ -151,7 +152,7 @@ async def serve(
     resumed = runtime.resume()
 
     async def spawn(args: dict[str, Any], caller: str) -> str:
-        return await runtime.spawn(spec_from(args, caller, config.model))
+        return await runtime.spawn(spec_from(spawn_args(args), caller, config.model))
 
     task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe)
     tasks = TasksExtension(runtime, task_file, spawn)

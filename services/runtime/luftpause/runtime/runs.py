@@ -89,6 +89,7 @@ class Runtime:
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._approval_waiters: set[asyncio.Event] = set()
+        self._stopping = False
 
     # --- lifecycle ---
 
@@ -116,6 +117,7 @@ class Runtime:
 
     async def stop(self) -> None:
         """Cancel every task without journaling: the runs resume on the next start."""
+        self._stopping = True
         tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
         tasks += [*self._timers.values(), *self._background]
         for t in tasks:
@@ -244,6 +246,19 @@ class Runtime:
 
     def _start(self, run: Run) -> None:
         run.task = asyncio.create_task(self._drive(run), name=f"run {run.state.spec.handle}")
+        run.task.add_done_callback(lambda _: self._cancelled_unstarted(run))
+
+    def _cancelled_unstarted(self, run: Run) -> None:
+        """A task cancelled before its first step never ran `_steps`, so never saw the cancel
+        (`cancel` would wait for it forever): journal the run's end here instead."""
+        reason = run.cancel_reason
+        if reason is not None and not run.state.phase.over and not self._stopping:
+            self._background_task(self._end_unstarted(run, reason))
+
+    async def _end_unstarted(self, run: Run, reason: str) -> None:
+        await self._apply(run, m.Cancel(reason=reason, at=self.clock()))
+        if run.span is not None and run.span.is_recording():
+            spans.ended(run.span, run.state)
 
     def _background_task(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)
@@ -392,7 +407,8 @@ class Runtime:
     async def _call_one(self, call: m.ToolCall, offered: dict[str, UpstreamTool]) -> m.ToolResult:
         if not tracing.enabled():
             return await self._call_untraced(call, offered)
-        with spans.tool(call, offered.get(call.name)) as span:
+        found = offered.get(call.name)
+        with spans.tool(call, found.server if found is not None else None) as span:
             result = await self._call_untraced(call, offered)
             spans.tool_result(span, result)
             return result

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from mcp.server.mcpserver import Context as McpContext
     from openai.types.chat import ChatCompletion
 
-    from luftpause.runtime.upstream import UpstreamTool
 
 SCOPE = "luftpause.runtime"
 AGENT_NAME = "luftpause-subagent"
@@ -170,16 +169,16 @@ def chat_reply(span: Span, reply: ChatCompletion, usage: m.Usage) -> None:
 
 
 @contextmanager
-def tool(call: m.ToolCall, found: UpstreamTool | None) -> Iterator[Span]:
-    """The current span of one tool call."""
+def tool(call: m.ToolCall, server: str | None) -> Iterator[Span]:
+    """The current span of one tool call (`server`: the upstream MCP server that has the tool)."""
     attributes: dict[str, Any] = {
         tracing.GEN_AI_OPERATION_NAME: "execute_tool",
         tracing.GEN_AI_TOOL_NAME: call.name,
         tracing.GEN_AI_TOOL_CALL_ID: call.id,
         tracing.GEN_AI_TOOL_TYPE: "extension",
     }
-    if found is not None:
-        attributes["luftpause.tool_server"] = found.server
+    if server is not None:
+        attributes["luftpause.tool_server"] = server
     with _tracer().start_as_current_span(
         f"execute_tool {call.name}", kind=SpanKind.INTERNAL, attributes=attributes
     ) as span:

@@ -72,8 +72,11 @@ class UpstreamTool:
 class UpstreamServer:
     """One MCP server (Streamable HTTP or stdio), its session held open by a keeper task."""
 
-    def __init__(self, url: str, *, stdio: bool = False) -> None:
+    def __init__(
+        self, url: str, *, stdio: bool = False, connect_timeout: float = CONNECT_TIMEOUT
+    ) -> None:
         self.url = f"stdio:{url}" if stdio else url
+        self.connect_timeout = connect_timeout
         self._target: str | StdioServerParameters = url
         if stdio:
             command, *args = shlex.split(url)
@@ -83,18 +86,24 @@ class UpstreamServer:
         self._broken = asyncio.Event()
         self._tools: list[Tool] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._keep(), name=f"upstream {self.url}")
 
     async def close(self) -> None:
+        # A cancel that lands while the SDK's task group opens a session can come out as a
+        # connection error instead of CancelledError: the flag (and a broken session) still
+        # end the keeper, so closing never waits for ever.
+        self._closing = True
+        self._broken.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
     async def _keep(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 target: str | StdioServerParameters | Transport = self._target
                 if tracing.enabled() and isinstance(target, str):
@@ -108,17 +117,24 @@ class UpstreamServer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("upstream.down", url=self.url, error=repr(exc))
+                if not self._closing:
+                    log.warning("upstream.down", url=self.url, error=repr(exc))
             finally:
                 self._client = None
                 self._up.clear()
                 self._broken.clear()
-            await asyncio.sleep(_RECONNECT_DELAY)
+            if not self._closing:
+                await asyncio.sleep(_RECONNECT_DELAY)
 
-    async def client(self, timeout: float = CONNECT_TIMEOUT) -> Client:
-        async with asyncio.timeout(timeout):
-            while self._client is None:
-                await self._up.wait()
+    async def client(self) -> Client:
+        """The open session, waiting for it at most `connect_timeout` s (`TimeoutError`)."""
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                while self._client is None:
+                    await self._up.wait()
+        except TimeoutError:
+            why = f"no session with {self.url} within {self.connect_timeout:g} s"
+            raise TimeoutError(why) from None
         return self._client
 
     def reconnect(self) -> None:
@@ -133,9 +149,17 @@ class UpstreamServer:
 class Upstreams:
     """Every configured upstream server, as one catalogue of tools."""
 
-    def __init__(self, urls: list[str], stdio: list[str] | None = None) -> None:
-        self.servers = [UpstreamServer(u) for u in urls]
-        self.servers += [UpstreamServer(c, stdio=True) for c in stdio or []]
+    def __init__(
+        self,
+        urls: list[str],
+        stdio: list[str] | None = None,
+        *,
+        connect_timeout: float = CONNECT_TIMEOUT,
+    ) -> None:
+        self.servers = [UpstreamServer(u, connect_timeout=connect_timeout) for u in urls]
+        self.servers += [
+            UpstreamServer(c, stdio=True, connect_timeout=connect_timeout) for c in stdio or []
+        ]
 
     def start(self) -> None:
         for s in self.servers:
@@ -157,31 +181,39 @@ class Upstreams:
         self, call: ToolCall, arguments: dict[str, Any], tool: UpstreamTool
     ) -> ToolResult:
         """Call one tool; a failure becomes a failed result with the reason."""
-        server = next(s for s in self.servers if s.url == tool.server)
         started = time.monotonic()
-        error = ""
-        for attempt in range(2):
-            try:
-                client = await server.client()
-                result = await client.call_tool(call.name, arguments)
-                return ToolResult(
-                    call_id=call.id,
-                    name=call.name,
-                    content=result_text(result),
-                    ok=not result.is_error,
-                    seconds=time.monotonic() - started,
-                )
-            except Exception as exc:  # the session broke: reconnect once, then report it
-                error = f"{type(exc).__name__}: {exc}"
-                log.warning("upstream.call_failed", tool=call.name, attempt=attempt, error=error)
-                server.reconnect()
+        server = next((s for s in self.servers if s.url == tool.server), None)
+        if server is None:
+            result: CallToolResult | str = f"no upstream server {tool.server}"
+        else:
+            result = await _call_reconnecting(server, call, arguments)
+        if isinstance(result, str):
+            content, ok = f"Error: tool {call.name} failed: {result}", False
+        else:
+            content, ok = result_text(result), not result.is_error
         return ToolResult(
             call_id=call.id,
             name=call.name,
-            content=f"Error: tool {call.name} failed: {error}",
-            ok=False,
+            content=content,
+            ok=ok,
             seconds=time.monotonic() - started,
         )
+
+
+async def _call_reconnecting(
+    server: UpstreamServer, call: ToolCall, arguments: dict[str, Any]
+) -> CallToolResult | str:
+    """The tool's result, or why it failed: a broken session is reconnected and tried once more."""
+    error = ""
+    for attempt in range(2):
+        try:
+            client = await server.client()
+            return await client.call_tool(call.name, arguments)
+        except Exception as exc:  # the session broke: reconnect once, then report it
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("upstream.call_failed", tool=call.name, attempt=attempt, error=error)
+            server.reconnect()
+    return error
 
 
 def result_text(result: CallToolResult) -> str:

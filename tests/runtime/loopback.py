@@ -1,0 +1,121 @@
+"""Real servers on 127.0.0.1, in the test's own event loop, for the runtime's unit tests.
+
+`fake_mcp`: the fake MCP tool server (`luftpause.testkit.fakemcp`: lookup, deep_search,
+delete_record) under uvicorn. `engine`: the engine simulator, which answers
+/v1/chat/completions as the dataplane does, so a real `Llm` can drive runs through it (with
+tools offered it calls the first one `tool_rounds` times, then answers). `runtime_on`: a real
+`Runtime` over both, its journal under a directory the test owns. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from luftpause.runtime.llm import Llm
+from luftpause.runtime.runs import Runtime
+from luftpause.runtime.store import JournalFile
+from luftpause.runtime.upstream import Upstreams
+from luftpause.testkit.engine.params import EngineParams, SimParams
+from luftpause.testkit.engine.server import RunningServer, serve
+from luftpause.testkit.fakemcp.core import CallStats, Latency
+from luftpause.testkit.fakemcp.server import FakeMcpConfig, build_server
+
+STARTUP_TIMEOUT = 10.0
+# Fast simulated time: a turn takes milliseconds.
+FAST = EngineParams(prefill_ms_per_token=0.01, decode_base_ms=1.0, decode_ms_per_seq=0.0)
+MODEL = "luftpause-sim"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FakeMcp:
+    url: str
+    stats: CallStats
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its signal handlers: the test runner keeps Ctrl-C."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@asynccontextmanager
+async def fake_mcp(
+    *, lookup: float = 0.0, deep_search: float = 0.0, port: int = 0
+) -> AsyncIterator[FakeMcp]:
+    """The fake MCP server with fixed tool latencies (seconds), on `port` (0: any free one)."""
+    config = FakeMcpConfig(
+        lookup_latency=Latency.fixed(lookup), deep_search_latency=Latency.fixed(deep_search)
+    )
+    stats = CallStats()
+    app = build_server(config, stats).streamable_http_app(
+        streamable_http_path="/mcp", host="127.0.0.1"
+    )
+    sock = socket.create_server(("127.0.0.1", port))
+    bound = sock.getsockname()[1]
+    server = _Uvicorn(
+        uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=1)
+    )
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(STARTUP_TIMEOUT):
+            while not server.started:
+                if serving.done():
+                    serving.result()
+                await asyncio.sleep(0.01)
+        yield FakeMcp(url=f"http://127.0.0.1:{bound}/mcp", stats=stats)
+    finally:
+        server.should_exit = True
+        await serving
+        sock.close()
+
+
+@asynccontextmanager
+async def engine(*, tool_rounds: int = 2) -> AsyncIterator[RunningServer]:
+    """The engine simulator in fast time, calling the first offered tool `tool_rounds` times."""
+    server = await serve(SimParams(engine=FAST, time_scale=1000.0, tool_rounds=tool_rounds))
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@asynccontextmanager
+async def runtime_on(
+    state_dir: Path,
+    model_url: str,
+    tool_urls: list[str],
+    *,
+    resume: bool = True,
+    connect_timeout: float = 5.0,
+) -> AsyncIterator[Runtime]:
+    """A `Runtime` with a real journal, model client and upstream sessions, its journal
+    replayed unless `resume` is false; stopped on exit (without journaling, as a process stop
+    does)."""
+    upstreams = Upstreams(tool_urls, connect_timeout=connect_timeout)
+    upstreams.start()
+    llm = Llm(model_url, timeout=10.0)
+    runtime = Runtime(JournalFile(state_dir), llm, upstreams)
+    if resume:
+        runtime.resume()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+        await upstreams.close()
+        await llm.close()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (just released by the OS)."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return int(sock.getsockname()[1])

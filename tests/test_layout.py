@@ -1,0 +1,195 @@
+"""The rooms of the code base: what may import what.
+
+Read from the source (the AST of every module, imports at module level and inside functions
+alike, `TYPE_CHECKING` blocks included), so a rule holds whether or not a test imports the
+module. A string naming a module (`cli.SUBCOMMANDS`) is not an import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+from luftpause.testkit.engine.params import PROFILES
+from luftpause.up import ENGINE_PROFILES
+
+ROOT = Path(__file__).resolve().parents[1]
+# Where the `luftpause` package's parts live (pyproject's dev-mode-dirs).
+SOURCE_ROOTS = ("services/common", "services/scheduler", "services/dataplane", "services/runtime")
+TESTKIT_ROOT = "testkit"
+GENERATED = "luftpause.rpc"
+# Per service, the modules that may import the generated gRPC code: `wire` translates between
+# the service's own values and the messages, the other is the gRPC shell that moves them.
+SPEAKS_PROTOBUF = {
+    "luftpause.dataplane": {"luftpause.dataplane.wire", "luftpause.dataplane.link"},
+    "luftpause.scheduler": {"luftpause.scheduler.wire", "luftpause.scheduler.rpc"},
+}
+
+
+def _module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every luftpause module of the product and the test kit, by dotted name."""
+    found: dict[str, Path] = {}
+    for base in (*SOURCE_ROOTS, TESTKIT_ROOT):
+        root = ROOT / base
+        for path in sorted(root.rglob("*.py")):
+            found[_module_name(root, path)] = path
+    return found
+
+
+def _is_package(name: str) -> bool:
+    return modules()[name].name == "__init__.py"
+
+
+def imported(name: str) -> Iterator[str]:
+    """The modules `name` imports, anywhere in its body, as absolute dotted names."""
+    package = name if _is_package(name) else name.rpartition(".")[0]
+    yield from imports_in(modules()[name].read_text(), package)
+
+
+def imports_in(source: str, package: str) -> Iterator[str]:
+    """What `source`, a module of `package`, imports: every import statement in it."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # `from pkg import name` imports the submodule `pkg.name` when there is one.
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield sub if sub in modules() else base
+
+
+def _own(target: str) -> str | None:
+    """The luftpause module an imported name resolves to (its nearest known parent)."""
+    while target and target not in modules():
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name in modules():
+        edges = {own for t in imported(name) if (own := _own(t)) is not None and own != name}
+        graph[name] = edges
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of `graph`, iteratively (no recursion limit to meet)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                found.append(sorted(component))
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_and_nothing_else() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    components = strongly_connected(graph)
+    assert [c for c in components if len(c) > 1] == [["a", "b", "c"]]
+    assert sorted(m for c in components for m in c) == ["a", "b", "c", "d", "e"]
+
+
+def test_imports_inside_functions_and_type_checking_blocks_count_and_strings_do_not() -> None:
+    source = """
+from typing import TYPE_CHECKING
+from luftpause.dataplane import wire
+from . import runs
+from .identity import ServiceClass
+if TYPE_CHECKING:
+    from luftpause.dataplane.spans import TurnSpan
+def later():
+    import luftpause.dataplane.link
+    return importlib.import_module("luftpause.testkit.stack")
+"""
+    found = set(imports_in(source, "luftpause.dataplane"))
+    assert found == {
+        "typing",
+        "luftpause.dataplane.wire",
+        "luftpause.dataplane.runs",
+        "luftpause.dataplane.identity",
+        "luftpause.dataplane.spans",
+        "luftpause.dataplane.link",
+    }
+    # cli names its subcommands' modules as strings only; up imports process supervision.
+    graph = import_graph()
+    assert graph["luftpause.cli"] == set()
+    assert "luftpause.common.procs" in graph["luftpause.up"]
+
+
+def test_no_luftpause_modules_import_each_other_in_a_cycle() -> None:
+    cycles = [c for c in strongly_connected(import_graph()) if len(c) > 1]
+    assert cycles == [], f"import cycles: {cycles}"
+
+
+def test_the_product_never_imports_the_test_kit() -> None:
+    offenders = {
+        name: sorted(t for t in imported(name) if t.startswith("luftpause.testkit"))
+        for name in modules()
+        if not modules()[name].is_relative_to(ROOT / TESTKIT_ROOT)
+    }
+    assert {name: ts for name, ts in offenders.items() if ts} == {}
+
+
+def test_only_wire_and_the_grpc_shell_import_the_generated_code() -> None:
+    for service, allowed in SPEAKS_PROTOBUF.items():
+        speakers = {
+            name
+            for name in modules()
+            if name.startswith(f"{service}.") and any(_speaks(t) for t in imported(name))
+        }
+        assert speakers == allowed, f"{service}: {sorted(speakers - allowed)} import {GENERATED}"
+
+
+def _speaks(target: str) -> bool:
+    return target == GENERATED or target.startswith(f"{GENERATED}.")
+
+
+def test_up_offers_exactly_the_engine_simulators_profiles() -> None:
+    """`up` names the profiles without importing the test kit; the names must not drift."""
+    assert tuple(PROFILES) == ENGINE_PROFILES
