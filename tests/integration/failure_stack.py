@@ -21,8 +21,19 @@ from openai import AsyncOpenAI
 from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.server import make_app
 from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import SIM_MODEL
-from luftpause.testkit.status import fetch_status, wait_for_status
+from luftpause.testkit.stack import (
+    SIM_MODEL,
+    WAIT_SECONDS,
+    Dataplane,
+    Endpoint,
+    Launcher,
+    Scheduler,
+    local_url,
+    read_metrics,
+    until_status,
+    write_endpoints,
+)
+from luftpause.testkit.status import fetch_status
 
 RUN = "x-luftpause-run-id"
 CAPPED, HOSTED, DOOMED, FLAKY, SILENT = "capped", "hosted", "doomed", "flaky", "silent"
@@ -44,6 +55,10 @@ ENGINE_ARGS: dict[str, tuple[str, ...]] = {
     "hosted": ("--rpm", "1", "--time-scale", "20"),
     "doomed": ("--time-scale", "5", "--reply-tokens", "2000", "--default-max-tokens", "2000"),
 }
+# Probes far apart, so a test that closes an engine's port just after one has seconds to see a
+# turn fail before the next probe takes the engine out, however busy the machine; also the probe
+# timeout, so no healthy engine is taken out for answering slowly.
+PROBE_PERIOD = "5"
 HELLO: list[Any] = [{"role": "user", "content": "hello"}]
 TOOLS: list[Any] = [
     {
@@ -92,44 +107,39 @@ class Stack:
     ports: dict[str, int]
     victim: ProbedEngine
     silent: ProbedEngine
-    dataplane_port: int
-    status_url: str
+    scheduler: Scheduler
+    dataplane: Dataplane
     session: aiohttp.ClientSession
     killed: set[str] = field(default_factory=set)
 
     @property
     def chat_url(self) -> str:
-        return f"http://127.0.0.1:{self.dataplane_port}/v1/chat/completions"
+        return self.dataplane.base_url + "/chat/completions"
 
     def client(self, **headers: str) -> AsyncOpenAI:
         return AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{self.dataplane_port}/v1",
+            base_url=self.dataplane.base_url,
             api_key="x",
             max_retries=0,
-            timeout=30,
+            timeout=WAIT_SECONDS,
             default_headers=headers,
         )
 
     async def status(self) -> dict[str, Any]:
-        return await fetch_status(self.status_url, self.session)
+        return await fetch_status(self.scheduler.status_url, self.session)
 
     async def until(
-        self, check: Callable[[dict[str, Any]], bool], timeout: float = 15.0
+        self, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = WAIT_SECONDS
     ) -> dict[str, Any]:
-        """The first status that passes `check`, polled within `timeout`."""
-        return await wait_for_status(self.status_url, check, timeout, self.session)
-
-    async def replica(self, replica_id: str) -> dict[str, Any]:
-        st = await self.status()
-        found: dict[str, Any] = next(r for r in st["replicas"] if r["id"] == replica_id)
-        return found
+        """The first status that passes `check`; after `timeout` a failure naming `what`."""
+        return await until_status(self.scheduler.status_url, check, what, timeout, self.session)
 
     async def engine_metrics(self, name: str) -> dict[str, float]:
-        return await self._metrics(f"http://127.0.0.1:{self.ports[name]}/metrics")
+        return await read_metrics(local_url(self.ports[name]) + "/metrics", self.session)
 
     async def dataplane_turns(self, outcome: str) -> float:
         """Turns the dataplane counted with `outcome`, over both service classes."""
-        m = await self._metrics(f"http://127.0.0.1:{self.dataplane_port}/metrics")
+        m = await read_metrics(self.dataplane.url + "/metrics", self.session)
         return sum(
             v
             for k, v in m.items()
@@ -143,23 +153,14 @@ class Stack:
 
     async def settled(self) -> dict[str, Any]:
         """Wait until no turn is in flight, then check that no slot and no run is left held."""
-        st = await self.until(lambda s: s["turns_in_flight"] == 0 and s["held_total"] == 0)
+        st = await self.until(
+            lambda s: s["turns_in_flight"] == 0 and s["held_total"] == 0,
+            "no turn in flight and none held",
+        )
         assert [r["id"] for r in st["replicas"] if r["in_flight"]] == []
         assert sum(st["runs"]["generating"].values()) == 0
         assert sum(st["runs"]["tool_paused"].values()) == 0
         return st
-
-    async def _metrics(self, url: str) -> dict[str, float]:
-        async with self.session.get(url) as resp:
-            text = await resp.text()
-        values: dict[str, float] = {}  # by name with labels, and by bare name summed
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                values[key] = float(value)
-                if (name := key.split("{")[0]) != key:
-                    values[name] = values.get(name, 0.0) + float(value)
-        return values
 
 
 @asynccontextmanager
@@ -167,54 +168,31 @@ async def failure_stack(work: Path) -> AsyncIterator[Stack]:
     """Every engine of the table, a scheduler and a dataplane, all healthy and connected."""
     async with AsyncExitStack() as exits:
         session = await exits.enter_async_context(aiohttp.ClientSession())
+        launcher = Launcher(work, exits)
         ports = {name: free_port() for name in MODELS}
-
-        async def spawn(name: str, args: list[str], ready: str) -> Proc:
-            proc = await Proc(args, name=name, log_path=work / f"{name}.log").start()
-            exits.push_async_callback(proc.stop)
-            await proc.wait_http(ready)
-            return proc
-
         victim, silent = ProbedEngine("a-victim"), ProbedEngine("a-silent")
         for engine in (victim, silent):
             await engine.start(ports[engine.replica_id])
             exits.push_async_callback(engine.stop)
-        names = list(ENGINE_ARGS)
-        procs = await asyncio.gather(
+        await asyncio.gather(
             *(
-                spawn(
-                    name,
-                    ["fake-engine", "--port", str(ports[name]), "--id", name, *ENGINE_ARGS[name]],
-                    f"http://127.0.0.1:{ports[name]}/health",
-                )
-                for name in names
+                launcher.engine(name, *args, models=MODELS[name], port=ports[name])
+                for name, args in ENGINE_ARGS.items()
             )
         )
-        lines = ["endpoints:"]
-        for name, models in MODELS.items():
-            lines += [
-                f"  - id: {name}",
-                f"    url: http://127.0.0.1:{ports[name]}",
-                f"    models: [{', '.join(models)}]",
-            ]
-        config = work / "endpoints.yaml"
-        config.write_text("\n".join(lines) + "\n")
-        grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
-        sched_args = ["--config", str(config), "--grpc-port", str(grpc_port)]
-        await spawn(
-            "scheduler",
-            ["scheduler", *sched_args, "--http-port", str(http_port)],
-            f"http://127.0.0.1:{http_port}/health",
-        )
-        dp_args = ["--port", str(dp_port), "--scheduler", f"127.0.0.1:{grpc_port}"]
-        await spawn("dataplane", ["dataplane", *dp_args], f"http://127.0.0.1:{dp_port}/health")
+        endpoints = [
+            Endpoint(id=name, url=local_url(ports[name]), models=models)
+            for name, models in MODELS.items()
+        ]
+        config = write_endpoints(work / "endpoints.yaml", endpoints)
+        scheduler = await launcher.scheduler(config, "--probe-period", PROBE_PERIOD)
         s = Stack(
-            engines=dict(zip(names, procs, strict=True)),
+            engines={name: launcher.procs[name] for name in ENGINE_ARGS},
             ports=ports,
             victim=victim,
             silent=silent,
-            dataplane_port=dp_port,
-            status_url=f"http://127.0.0.1:{http_port}/status",
+            scheduler=scheduler,
+            dataplane=await launcher.dataplane(scheduler),
             session=session,
         )
         await s.until(
@@ -222,7 +200,7 @@ async def failure_stack(work: Path) -> AsyncIterator[Stack]:
                 all(r["healthy"] for r in st["replicas"])
                 and any(d["streams"] for d in st["dataplanes"])
             ),
-            timeout=20,
+            "every replica healthy and the dataplane in session",
         )
         yield s
 

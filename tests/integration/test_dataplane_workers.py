@@ -15,13 +15,15 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import pytest
 from openai import AsyncOpenAI
 
-from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.procs import Proc
+from luftpause.testkit.stack import Launcher, eventually, write_endpoints
+from luftpause.testkit.status import fetch_status
 
 MODEL = "worker-model"
+WORKERS = {"dp-0", "dp-1"}
 
 
 def children_of(pid: int) -> list[int]:
@@ -34,40 +36,25 @@ class Workers:
     status_url: str
     supervisor: Proc
 
+    async def children(self) -> list[int]:
+        return children_of(self.supervisor.pid)
+
+    async def in_session(self, what: str) -> None:
+        """Until both workers are in session at the scheduler, as dp-0 and dp-1."""
+        await eventually(lambda: dataplanes(self.status_url), lambda ids: ids == WORKERS, what)
+
 
 @pytest.fixture
 async def workers(tmp_path: Path) -> AsyncIterator[Workers]:
     async with AsyncExitStack() as exits:
-        engine_port, grpc, http, port = free_port(), free_port(), free_port(), free_port()
-        engine = await Proc(
-            ["fake-engine", "--port", str(engine_port), "--model", MODEL, "--profile", "gpu"],
-            log_path=tmp_path / "engine.log",
-        ).start()
-        exits.push_async_callback(engine.stop)
-        config = tmp_path / "endpoints.yaml"
-        config.write_text(
-            f"endpoints:\n  - id: e\n    url: http://127.0.0.1:{engine_port}\n"
-            f"    models: [{MODEL}]\n"
+        launcher = Launcher(tmp_path, exits)
+        engine = await launcher.engine("e", "--profile", "gpu", models=[MODEL])
+        config = write_endpoints(tmp_path / "endpoints.yaml", [engine])
+        scheduler = await launcher.scheduler(config, "--probe-period", "0.2", ready="/ready")
+        dataplane = await launcher.dataplane(
+            scheduler, "--workers", "2", "--id", "dp", ready="/ready"
         )
-        scheduler = await Proc(
-            [
-                *("scheduler", "--config", str(config), "--grpc-port", str(grpc)),
-                *("--http-port", str(http), "--probe-period", "0.2"),
-            ],
-            log_path=tmp_path / "scheduler.log",
-        ).start()
-        exits.push_async_callback(scheduler.stop)
-        await scheduler.wait_http(f"http://127.0.0.1:{http}/ready", timeout=30)
-        supervisor = await Proc(
-            [
-                *("dataplane", "--port", str(port), "--scheduler", f"127.0.0.1:{grpc}"),
-                *("--workers", "2", "--id", "dp"),
-            ],
-            log_path=tmp_path / "dataplane.log",
-        ).start()
-        exits.push_async_callback(supervisor.stop)
-        await supervisor.wait_http(f"http://127.0.0.1:{port}/ready", timeout=30)
-        yield Workers(f"http://127.0.0.1:{port}/v1", f"http://127.0.0.1:{http}/status", supervisor)
+        yield Workers(dataplane.base_url, scheduler.status_url, launcher.procs["dataplane"])
 
 
 async def turns(url: str, count: int) -> set[str]:
@@ -83,37 +70,36 @@ async def turns(url: str, count: int) -> set[str]:
 
 
 async def dataplanes(status_url: str) -> set[str]:
-    async with aiohttp.ClientSession() as s, s.get(status_url) as resp:
-        body = await resp.json()
+    body = await fetch_status(status_url)
     return {d["id"] for d in body["dataplanes"] if d["streams"]}
 
 
 async def test_two_workers_share_the_port_each_with_its_own_session(workers: Workers) -> None:
+    assert len(await workers.children()) == 2
+    await workers.in_session("both workers in session at the scheduler")
     async with asyncio.timeout(60):
-        assert len(children_of(workers.supervisor.pid)) == 2
-        while await dataplanes(workers.status_url) != {"dp-0", "dp-1"}:
-            await asyncio.sleep(0.1)
         assert len(await turns(workers.url, 20)) == 20
 
 
 async def test_a_worker_that_dies_is_started_again_and_turns_go_on(workers: Workers) -> None:
+    first = await workers.children()
+    os.kill(first[0], signal.SIGKILL)  # a child this test's supervisor started
+    await eventually(
+        workers.children,
+        lambda now: len(now) == 2 and first[0] not in now,
+        f"the supervisor to start a worker in place of {first[0]}",
+    )
     async with asyncio.timeout(60):
-        first = children_of(workers.supervisor.pid)
-        os.kill(first[0], signal.SIGKILL)  # a child this test's supervisor started
-        while True:
-            now = children_of(workers.supervisor.pid)
-            if len(now) == 2 and first[0] not in now:
-                break
-            await asyncio.sleep(0.05)
         assert len(await turns(workers.url, 10)) == 10
-        while await dataplanes(workers.status_url) != {"dp-0", "dp-1"}:
-            await asyncio.sleep(0.1)
+    await workers.in_session("the new worker in session at the scheduler beside the other")
 
 
 async def test_sigterm_stops_the_supervisor_and_every_worker(workers: Workers) -> None:
-    pids = children_of(workers.supervisor.pid)
-    async with asyncio.timeout(30):
-        code = await workers.supervisor.stop(timeout=20)  # SIGTERM
-        while any(Path(f"/proc/{p}").exists() for p in pids):
-            await asyncio.sleep(0.05)
+    pids = await workers.children()
+    code = await workers.supervisor.stop(timeout=20)  # SIGTERM
+
+    async def alive() -> list[int]:
+        return [p for p in pids if Path(f"/proc/{p}").exists()]
+
+    await eventually(alive, lambda left: not left, "every worker to exit")
     assert code == 0

@@ -9,7 +9,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,9 +16,14 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import SIM_MODEL
-from luftpause.testkit.status import fetch_status, wait_for_status
+from luftpause.testkit.stack import (
+    SIM_MODEL,
+    WAIT_SECONDS,
+    Dataplane,
+    LocalStack,
+    read_metrics,
+)
+from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 GRACE_S = 2.0
@@ -27,13 +31,12 @@ GRACE_S = 2.0
 
 @dataclass
 class Pool:
-    dataplanes: dict[str, Proc]
-    ports: dict[str, int]
-    status_url: str
+    stack: LocalStack
+    dataplanes: dict[str, Dataplane]
 
     def client(self, dp: str, **headers: str) -> AsyncOpenAI:
         return AsyncOpenAI(
-            base_url=f"http://127.0.0.1:{self.ports[dp]}/v1",
+            base_url=self.dataplanes[dp].base_url,
             api_key="x",
             max_retries=0,
             timeout=60,
@@ -41,90 +44,35 @@ class Pool:
         )
 
     async def status(self) -> dict[str, Any]:
-        return await fetch_status(self.status_url)
+        return await fetch_status(self.stack.status_url)
 
     async def until(
-        self, check: Callable[[dict[str, Any]], bool], timeout: float = 20.0
+        self, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = WAIT_SECONDS
     ) -> dict[str, Any]:
-        return await wait_for_status(self.status_url, check, timeout)
+        return await self.stack.until(check, what, timeout)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Pool]:
-    work: Path = tmp_path_factory.mktemp("dataplanes")
     async with AsyncExitStack() as exits:
-
-        async def spawn(name: str, args: list[str], ready: str) -> Proc:
-            proc = await Proc(args, name=name, log_path=work / f"{name}.log").start()
-            exits.push_async_callback(proc.stop)
-            await proc.wait_http(ready)
-            return proc
-
-        lines = ["endpoints:"]
-        for eid in ("e0", "e1"):
-            port = free_port()
-            lines += [
-                f"  - id: {eid}",
-                f"    url: http://127.0.0.1:{port}",
-                f"    models: [{SIM_MODEL}]",
-            ]
-            await spawn(
-                eid,
-                [
-                    "fake-engine",
-                    "--port",
-                    str(port),
-                    "--id",
-                    eid,
-                    "--model",
-                    SIM_MODEL,
-                    "--tool-rounds",
-                    "2",
-                    "--time-scale",
-                    "5",
-                ],
-                f"http://127.0.0.1:{port}/health",
-            )
-        (work / "endpoints.yaml").write_text("\n".join(lines) + "\n")
-        grpc_port, http_port = free_port(), free_port()
-        await spawn(
-            "scheduler",
-            [
-                "scheduler",
-                "--config",
-                str(work / "endpoints.yaml"),
-                "--grpc-port",
-                str(grpc_port),
-                "--http-port",
-                str(http_port),
-                "--dataplane-grace",
-                str(GRACE_S),
-            ],
-            f"http://127.0.0.1:{http_port}/health",
+        stack = LocalStack(
+            tmp_path_factory.mktemp("dataplanes"),
+            engine_args=("--tool-rounds", "2", "--time-scale", "5"),
+            with_dataplane=False,
+            scheduler_args=("--dataplane-grace", str(GRACE_S)),
         )
-        ports = {"dp-a": free_port(), "dp-b": free_port()}
-        procs = {
-            dp: await spawn(
-                dp,
-                [
-                    "dataplane",
-                    "--port",
-                    str(port),
-                    "--id",
-                    dp,
-                    "--scheduler",
-                    f"127.0.0.1:{grpc_port}",
-                ],
-                f"http://127.0.0.1:{port}/health",
-            )
-            for dp, port in ports.items()
+        await stack.start(exits)
+        dataplanes = {
+            dp: await stack.launcher.dataplane(stack.scheduler, "--id", dp, name=dp)
+            for dp in ("dp-a", "dp-b")
         }
-        p = Pool(procs, ports, f"http://127.0.0.1:{http_port}/status")
+        p = Pool(stack, dataplanes)
         await p.until(
             lambda s: (
                 all(r["healthy"] for r in s["replicas"])
-                and {d["id"] for d in s["dataplanes"] if d["streams"]} == set(ports)
-            )
+                and {d["id"] for d in s["dataplanes"] if d["streams"]} == set(dataplanes)
+            ),
+            "every replica healthy and both dataplanes in session",
         )
         yield p
 
@@ -169,17 +117,13 @@ async def test_two_dataplanes_serve_runs_side_by_side(pool: Pool) -> None:
     async with asyncio.timeout(60):
         seen = await asyncio.gather(*(one(i) for i in range(12)))
     assert all(len(s) == 1 for s in seen)  # every run kept its replica
-    st = await pool.until(lambda s: s["turns_in_flight"] == 0)
+    st = await pool.until(lambda s: s["turns_in_flight"] == 0, "every turn over")
     assert st["held_total"] == 0
 
 
 async def _placed_locally(pool: Pool, dp: str) -> float:
-    url = f"http://127.0.0.1:{pool.ports[dp]}/metrics"
-    async with aiohttp.ClientSession() as http, http.get(url) as resp:
-        text = await resp.text()
-    name = "luftpause_dataplane_placed_locally_total"
-    [line] = [x for x in text.splitlines() if x.startswith(name)]
-    return float(line.split()[-1])
+    metrics = await read_metrics(pool.dataplanes[dp].url + "/metrics")
+    return metrics["luftpause_dataplane_placed_locally_total"]
 
 
 async def test_a_run_whose_turns_hop_between_dataplanes_is_asked_for_by_the_one_it_left(
@@ -213,7 +157,7 @@ async def test_a_run_whose_turns_hop_between_dataplanes_is_asked_for_by_the_one_
                 {"role": "tool", "tool_call_id": call.id, "content": "ok"}
                 for call in msg.tool_calls or []
             ]
-            await pool.until(lambda s: s["turns_in_flight"] == 0)
+            await pool.until(lambda s: s["turns_in_flight"] == 0, f"the turn through {dp} over")
     assert len(set(seen)) == 1
     assert await _placed_locally(pool, "dp-a") == before
 
@@ -226,16 +170,16 @@ async def test_deleted_run_is_forgotten_by_the_scheduler(pool: Pool) -> None:
         before = (await pool.status())["runs_total"]
         async with (
             aiohttp.ClientSession() as s,
-            s.delete(f"http://127.0.0.1:{pool.ports['dp-a']}/v1/runs/gone") as resp,
+            s.delete(pool.dataplanes["dp-a"].base_url + "/runs/gone") as resp,
         ):
             assert resp.status == 200
-    await pool.until(lambda s: s["runs_total"] == before - 1)
+    await pool.until(lambda s: s["runs_total"] == before - 1, "the scheduler to forget run 'gone'")
 
 
 async def test_turns_of_a_dataplane_that_died_are_released_after_the_grace_period(
     pool: Pool,
 ) -> None:
-    async with pool.client("dp-b") as c, asyncio.timeout(30):
+    async with pool.client("dp-b") as c, asyncio.timeout(2 * WAIT_SECONDS):
         stream = await c.chat.completions.create(
             model=SIM_MODEL,
             stream=True,
@@ -244,13 +188,16 @@ async def test_turns_of_a_dataplane_that_died_are_released_after_the_grace_perio
         )
         async for _ in stream:
             break  # the turn is being generated through dp-b
-        await pool.until(lambda s: s["turns_in_flight"] == 1)
-        await pool.dataplanes["dp-b"].kill()
+        await pool.until(lambda s: s["turns_in_flight"] == 1, "the long turn in flight")
+        await pool.stack.procs["dp-b"].kill()
         gone = await pool.until(
-            lambda s: any(d["id"] == "dp-b" and d["gone_s"] is not None for d in s["dataplanes"])
+            lambda s: any(d["id"] == "dp-b" and d["gone_s"] is not None for d in s["dataplanes"]),
+            "the scheduler to see dp-b gone",
         )
         assert gone["turns_in_flight"] == 1  # held for the grace period, not dropped at once
-        await pool.until(lambda s: s["turns_in_flight"] == 0, timeout=GRACE_S + 10)
+        await pool.until(
+            lambda s: s["turns_in_flight"] == 0, "dp-b's turn released after the grace period"
+        )
     async with asyncio.timeout(30), pool.client("dp-a") as a:
         reply = await a.chat.completions.create(
             model=SIM_MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}]

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import Launcher, until_status, write_endpoints
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -28,7 +28,7 @@ CLF_LABELS = ("urgent", "lookup", "chitchat")
 TOKEN = "integration-token"
 
 
-@dataclass
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decide:
     open_url: str
     guarded_url: str
@@ -37,122 +37,37 @@ class Decide:
     guarded_log: Path
 
 
-async def _spawn(
-    exits: AsyncExitStack,
-    workdir: Path,
-    name: str,
-    args: list[str],
-    ready: str,
-    env: dict[str, str] | None = None,
-) -> None:
-    proc = await Proc(args, name=name, log_path=workdir / f"{name}.log", env=env).start()
-    exits.push_async_callback(proc.stop)
-    await proc.wait_http(ready)
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def decide_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Decide]:
     workdir = tmp_path_factory.mktemp("decide")
-    gen, clf, grpc, http, open_dp, guarded_dp = (free_port() for _ in range(6))
-    config = workdir / "endpoints.yaml"
-    config.write_text(
-        "endpoints:\n"
-        f"  - {{id: gen-0, url: 'http://127.0.0.1:{gen}', models: [{GEN_MODEL}]}}\n"
-        f"  - {{id: clf-0, url: 'http://127.0.0.1:{clf}', models: [{CLF_MODEL}],"
-        " kind: single-pass}\n"
-    )
     async with AsyncExitStack() as exits:
-        await _spawn(
-            exits,
-            workdir,
-            "gen-0",
-            [
-                "fake-engine",
-                "--port",
-                str(gen),
-                "--id",
-                "gen-0",
-                "--model",
-                GEN_MODEL,
-                "--time-scale",
-                "20",
-            ],
-            f"http://127.0.0.1:{gen}/health",
+        launcher = Launcher(workdir, exits)
+        fast = ("--time-scale", "20")
+        generative = await launcher.engine("gen-0", *fast, models=[GEN_MODEL])
+        labels = ("--kind", "single-pass", "--labels", ",".join(CLF_LABELS))
+        single_pass = await launcher.engine(
+            "clf-0", *labels, *fast, models=[CLF_MODEL], options={"kind": "single-pass"}
         )
-        await _spawn(
-            exits,
-            workdir,
-            "clf-0",
-            [
-                "fake-engine",
-                "--port",
-                str(clf),
-                "--id",
-                "clf-0",
-                "--model",
-                CLF_MODEL,
-                "--kind",
-                "single-pass",
-                "--labels",
-                ",".join(CLF_LABELS),
-                "--time-scale",
-                "20",
-            ],
-            f"http://127.0.0.1:{clf}/health",
-        )
-        await _spawn(
-            exits,
-            workdir,
-            "scheduler",
-            [
-                "scheduler",
-                "--config",
-                str(config),
-                "--grpc-port",
-                str(grpc),
-                "--http-port",
-                str(http),
-            ],
-            f"http://127.0.0.1:{http}/health",
-        )
-        for name, port, token in (("open", open_dp, ""), ("guarded", guarded_dp, TOKEN)):
-            await _spawn(
-                exits,
-                workdir,
-                f"dataplane-{name}",
-                [
-                    "dataplane",
-                    "--port",
-                    str(port),
-                    "--scheduler",
-                    f"127.0.0.1:{grpc}",
-                    "--config",
-                    str(config),
-                ],
-                f"http://127.0.0.1:{port}/health",
-                env={"LUFTPAUSE_TOKEN": token},
+        config = write_endpoints(workdir / "endpoints.yaml", [generative, single_pass])
+        scheduler = await launcher.scheduler(config)
+        dataplanes = {
+            name: await launcher.dataplane(
+                scheduler, name=f"dataplane-{name}", config=config, env={"LUFTPAUSE_TOKEN": token}
             )
-        stack = Decide(
-            open_url=f"http://127.0.0.1:{open_dp}",
-            guarded_url=f"http://127.0.0.1:{guarded_dp}",
-            status_url=f"http://127.0.0.1:{http}/status",
+            for name, token in (("open", ""), ("guarded", TOKEN))
+        }
+        await until_status(
+            scheduler.status_url,
+            lambda st: all(r["healthy"] for r in st["replicas"]),
+            "both replicas healthy",
+        )
+        yield Decide(
+            open_url=dataplanes["open"].url,
+            guarded_url=dataplanes["guarded"].url,
+            status_url=scheduler.status_url,
             open_log=workdir / "dataplane-open.log",
             guarded_log=workdir / "dataplane-guarded.log",
         )
-        await _until_healthy(stack)
-        yield stack
-
-
-async def _status(url: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(url) as resp:
-        result: dict[str, Any] = await resp.json()
-        return result
-
-
-async def _until_healthy(stack: Decide) -> None:
-    async with asyncio.timeout(20):
-        while not all(r["healthy"] for r in (await _status(stack.status_url))["replicas"]):
-            await asyncio.sleep(0.05)
 
 
 async def _post(url: str, body: Any, **headers: str) -> tuple[int, dict[str, str], Any]:
@@ -174,13 +89,11 @@ async def test_decide_classifies_on_the_single_pass_replica(decide_stack: Decide
     for item in doc["data"]:
         assert item["label"] in CLF_LABELS and len(item["probs"]) == len(CLF_LABELS)
         assert sum(item["probs"]) == pytest.approx(1.0)
-    async with asyncio.timeout(10):  # finished was reported: the replica's slot is free
-        while True:
-            st = await _status(decide_stack.status_url)
-            clf = next(r for r in st["replicas"] if r["id"] == "clf-0")
-            if clf["in_flight"] == 0:
-                break
-            await asyncio.sleep(0.05)
+    await until_status(
+        decide_stack.status_url,
+        lambda st: next(r for r in st["replicas"] if r["id"] == "clf-0")["in_flight"] == 0,
+        "the decide turn reported finished: clf-0's slot free",
+    )
 
 
 async def test_decide_classify_gets_a_fresh_run_id_without_one(decide_stack: Decide) -> None:

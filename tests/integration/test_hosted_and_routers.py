@@ -28,7 +28,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from openai import AsyncOpenAI
 
 from luftpause.scheduler.engine_load import Load, parse_load
-from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import Launcher, Scheduler, eventually, until_status, write_endpoints
+from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -117,46 +118,22 @@ def write_certificates(directory: Path) -> tuple[Path, Path, Path]:
 # --- the stack --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Scheduler:
-    status_url: str
-    grpc_port: int
-
-
 @dataclass
 class Stack:
-    workdir: Path
+    launcher: Launcher
     config: Path
     ca: Path
     hosted_url: str
     behind_urls: tuple[str, ...]
     tls: ssl.SSLContext
-    exits: AsyncExitStack
     status_url: str = ""
     dataplane_url: str = ""
 
-    async def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Proc:
-        """Start `luftpause <args>`, stopped by PID when the module's stack closes."""
-        proc = await Proc(args, name=name, log_path=self.workdir / f"{name}.log", env=env).start()
-        self.exits.push_async_callback(proc.stop)
-        return proc
-
     async def scheduler(self, name: str, env: dict[str, str]) -> Scheduler:
         """A scheduler on the endpoint file, with `env` on top of this process's environment."""
-        grpc, http = free_port(), free_port()
-        args = ["scheduler", "--config", str(self.config), "--grpc-port", str(grpc)]
-        args += ["--http-port", str(http), "--probe-period", PROBE_PERIOD]
-        proc = await self.spawn(name, args, env)
-        await proc.wait_http(f"http://127.0.0.1:{http}/health")
-        return Scheduler(status_url=f"http://127.0.0.1:{http}/status", grpc_port=grpc)
-
-    async def dataplane(self, scheduler: Scheduler, env: dict[str, str]) -> str:
-        """A dataplane in front of `scheduler`; returns its OpenAI base URL."""
-        port = free_port()
-        args = ["dataplane", "--port", str(port), "--scheduler", f"127.0.0.1:{scheduler.grpc_port}"]
-        proc = await self.spawn("dataplane", [*args, "--config", str(self.config)], env)
-        await proc.wait_http(f"http://127.0.0.1:{port}/health")
-        return f"http://127.0.0.1:{port}/v1"
+        return await self.launcher.scheduler(
+            self.config, "--probe-period", PROBE_PERIOD, name=name, env=env
+        )
 
     async def debug_requests(self) -> list[dict[str, Any]]:
         """What the hosted engine received (method, path, headers), over verified https."""
@@ -171,81 +148,67 @@ class Stack:
         return requests
 
 
-def engine_args(port: int, eid: str, model: str, *extra: str) -> list[str]:
-    return ["fake-engine", "--port", str(port), "--id", eid, "--model", model, *extra]
-
-
-def endpoint_file(hosted: int, front: int, behind: tuple[str, ...]) -> str:
-    return f"""endpoints:
-  - id: hosted
-    url: https://127.0.0.1:{hosted}
-    models: [{HOSTED_MODEL}]
-    health: /v1/models
-    metrics: ""
-    api_key_env: HOSTED_KEY
-  - id: router
-    url: http://127.0.0.1:{front}
-    models: [{ROUTED_MODEL}]
-    load_from: [{", ".join(behind)}]
-"""
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """Engines (hosted over https with a key, a router stand-in, two behind it), scheduler and
     dataplane; the last two get the key and trust the test CA through SSL_CERT_FILE."""
     workdir = tmp_path_factory.mktemp("hosted")
     ca, cert, key = write_certificates(workdir)
-    hosted, front, behind0, behind1 = (free_port() for _ in range(4))
-    behind = (f"http://127.0.0.1:{behind0}", f"http://127.0.0.1:{behind1}")
-    config = workdir / "endpoints.yaml"
-    config.write_text(endpoint_file(hosted, front, behind))
     async with AsyncExitStack() as exits:
-        s = Stack(
-            workdir=workdir,
-            config=config,
-            ca=ca,
-            hosted_url=f"https://127.0.0.1:{hosted}",
-            behind_urls=behind,
-            tls=ssl.create_default_context(cafile=str(ca)),
-            exits=exits,
-        )
+        launcher = Launcher(workdir, exits)
         fast = ("--time-scale", "20")
-        tls = ("--tls-cert", str(cert), "--tls-key", str(key), "--require-key", KEY)
-        engines = [
-            (hosted, "hosted", HOSTED_MODEL, (*tls, *fast)),
-            (front, "router", ROUTED_MODEL, fast),
-            (behind0, "behind-0", ROUTED_MODEL, BEHIND_ARGS),
-            (behind1, "behind-1", ROUTED_MODEL, BEHIND_ARGS),
+        hosted = await launcher.engine(
+            "hosted",
+            "--require-key",
+            KEY,
+            *fast,
+            models=[HOSTED_MODEL],
+            tls=(cert, key),
+            options={"health": "/v1/models", "metrics": "", "api_key_env": "HOSTED_KEY"},
+        )
+        behind = [
+            await launcher.engine(f"behind-{i}", *BEHIND_ARGS, models=[ROUTED_MODEL])
+            for i in range(2)
         ]
-        for port, eid, model, extra in engines:
-            proc = await s.spawn(eid, engine_args(port, eid, model, *extra))
-            await proc.wait_port(port)
+        router = await launcher.engine(
+            "router", *fast, models=[ROUTED_MODEL], options={"load_from": [e.url for e in behind]}
+        )
+        s = Stack(
+            launcher=launcher,
+            config=write_endpoints(workdir / "endpoints.yaml", [hosted, router]),
+            ca=ca,
+            hosted_url=hosted.url,
+            behind_urls=tuple(e.url for e in behind),
+            tls=ssl.create_default_context(cafile=str(ca)),
+        )
         env = {"HOSTED_KEY": KEY, "SSL_CERT_FILE": str(ca)}
         scheduler = await s.scheduler("scheduler", env)
         s.status_url = scheduler.status_url
-        s.dataplane_url = await s.dataplane(scheduler, env)
+        dataplane = await launcher.dataplane(scheduler, config=s.config, env=env)
+        s.dataplane_url = dataplane.base_url
         yield s
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
 
-async def replica(status_url: str, rid: str) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as s, s.get(status_url) as resp:
-        body = await resp.json()
-    found: dict[str, Any] = next(r for r in body["replicas"] if r["id"] == rid)
+def replica_of(status: dict[str, Any], rid: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(r for r in status["replicas"] if r["id"] == rid)
     return found
 
 
+async def replica(status_url: str, rid: str) -> dict[str, Any]:
+    return replica_of(await fetch_status(status_url), rid)
+
+
 async def wait_replica(status_url: str, rid: str, **expected: Any) -> dict[str, Any]:
-    """Poll /status (bounded) until replica `rid` shows every expected field."""
-    async with asyncio.timeout(20):
-        while True:
-            r = await replica(status_url, rid)
-            if all(r[k] == v for k, v in expected.items()):
-                return r
-            await asyncio.sleep(0.1)
+    """Until replica `rid` shows every expected field."""
+    status = await until_status(
+        status_url,
+        lambda st: all(replica_of(st, rid)[k] == v for k, v in expected.items()),
+        f"replica {rid} to show {expected}",
+    )
+    return replica_of(status, rid)
 
 
 async def engine_load(url: str) -> Load | None:
@@ -303,14 +266,14 @@ async def test_hosted_replica_is_unhealthy_when_its_key_variable_is_unset(
     # Once the router is healthy a whole probe round has been applied, the hosted probe with it.
     await wait_replica(keyless.status_url, "router", healthy=True)
     assert (await replica(keyless.status_url, "hosted"))["healthy"] is False
-    async with asyncio.timeout(20):
-        while True:  # the keyless probes reached the engine over TLS and got its 401
-            seen = await stack.debug_requests()
-            if any(
-                e["path"] == "/v1/models" and "authorization" not in headers_of(e) for e in seen
-            ):
-                break
-            await asyncio.sleep(0.1)
+    await eventually(  # the keyless probes reached the engine over TLS and got its 401
+        stack.debug_requests,
+        lambda seen: any(
+            e["path"] == "/v1/models" and "authorization" not in headers_of(e) for e in seen
+        ),
+        "a probe without the key at the hosted engine",
+        every=0.1,
+    )
     assert (await replica(keyless.status_url, "hosted"))["healthy"] is False
 
 
@@ -356,22 +319,35 @@ async def test_router_is_capped_at_the_most_the_engines_behind_it_run_while_they
             max_tokens=64,
         )
 
+    async def steady() -> tuple[Load, dict[str, Any]] | None:
+        """The load summed over the engines behind, with the router as the scheduler showed it
+        meanwhile; None while that load moved or nothing queued."""
+        before = [await engine_load(u) for u in stack.behind_urls]
+        r = await replica(stack.status_url, "router")
+        after = [await engine_load(u) for u in stack.behind_urls]
+        loads = [b for b in before if b is not None and b.waiting > 0]
+        if before != after or len(loads) < len(before):
+            return None
+        total = Load(running=sum(b.running for b in loads), waiting=sum(b.waiting for b in loads))
+        return total, r
+
+    def both_at_their_most(found: tuple[Load, dict[str, Any]] | None) -> bool:
+        if found is None:
+            return False
+        total, r = found
+        seen = (r["engine_running"], r["engine_waiting"])
+        return seen == (total.running, total.waiting) and total.running == 4
+
     tasks = [asyncio.create_task(occupy(c, i)) for c in clients for i in range(5)]
     try:
-        async with asyncio.timeout(30):
-            while True:
-                before = [await engine_load(u) for u in stack.behind_urls]
-                r = await replica(stack.status_url, "router")
-                after = [await engine_load(u) for u in stack.behind_urls]
-                if before == after and all(b is not None and b.waiting > 0 for b in before):
-                    total = Load(
-                        running=sum(b.running for b in before if b is not None),
-                        waiting=sum(b.waiting for b in before if b is not None),
-                    )
-                    seen = (r["engine_running"], r["engine_waiting"])
-                    if seen == (total.running, total.waiting) and total.running == 4:
-                        break  # both run their most, two each
-                await asyncio.sleep(0.1)
+        found = await eventually(
+            steady,
+            both_at_their_most,
+            "the router to show the load behind it: two running on each engine, more queued",
+            every=0.1,
+        )
+        assert found is not None
+        total, r = found
         assert r["capped"] is True and r["capacity"] == total.running == 4
         assert total.waiting > 0 and total.running >= 2
     finally:

@@ -21,6 +21,7 @@ import aiohttp
 import pytest
 
 from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.stack import Endpoint, eventually, write_endpoints
 
 # pip may download the dependencies when its cache is cold.
 pytestmark = pytest.mark.timeout(360)
@@ -65,8 +66,9 @@ async def services(venv: Path, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
     exe = [str(venv / "bin" / "luftpause")]
     port = {n: free_port() for n in ("engine", "grpc", "http", "dataplane", "runtime", "mcp")}
     url = {n: f"http://127.0.0.1:{p}" for n, p in port.items()}
-    config = tmp_path / "endpoints.yaml"
-    config.write_text(f"endpoints:\n  - id: e0\n    url: {url['engine']}\n    models: [sim]\n")
+    config = write_endpoints(
+        tmp_path / "endpoints.yaml", [Endpoint(id="e0", url=url["engine"], models=("sim",))]
+    )
     commands = {
         "fake-engine": ["fake-engine", "--port", str(port["engine"]), "--model", "sim"],
         "fake-mcp": ["fake-mcp", "--port", str(port["mcp"])],
@@ -101,15 +103,23 @@ def test_every_module_of_the_package_imports_in_a_plain_install(venv: Path) -> N
 async def test_each_service_from_a_plain_install_answers_health(
     services: dict[str, str],
 ) -> None:
-    async with aiohttp.ClientSession() as http, asyncio.timeout(60):
+    async with aiohttp.ClientSession() as http, asyncio.timeout(90):
         for name, base in services.items():
             assert await status_once_up(http, base + "/health") == 200, name
         # The readiness chain: engines probed, dataplane in session, runtime sees it ready.
         for name in ("scheduler", "dataplane", "runtime"):
-            while await status_once_up(http, services[name] + "/ready") != 200:
-                await asyncio.sleep(0.1)
+            await until_ready(http, name, services[name])
         async with http.get(services["dataplane"] + "/v1/models") as resp:
             assert [m["id"] for m in (await resp.json())["data"]] == ["sim"]
+
+
+async def until_ready(http: aiohttp.ClientSession, name: str, base: str) -> None:
+    await eventually(
+        lambda: status_once_up(http, base + "/ready"),
+        lambda status: status == 200,
+        f"{name} to answer /ready with 200",
+        every=0.1,
+    )
 
 
 async def status_once_up(http: aiohttp.ClientSession, url: str) -> int:

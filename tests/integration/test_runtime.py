@@ -22,7 +22,7 @@ import pytest_asyncio
 from mcp import Client
 
 from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import LocalStack
+from luftpause.testkit.stack import READY_SECONDS, LocalStack, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -61,7 +61,7 @@ class RuntimeStack:
             self.runtime_args(port, state_dir), name=name, log_path=self.workdir / f"{name}.log"
         )
         await proc.start()
-        await proc.wait_http(f"http://127.0.0.1:{port}/status")
+        await proc.wait_http(f"http://127.0.0.1:{port}/health", READY_SECONDS)
         return proc
 
     async def tool_calls(self) -> Counter[str]:
@@ -76,28 +76,33 @@ async def rt(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RuntimeS
     async with AsyncExitStack() as exits:
         stack = await LocalStack(workdir, engine_args=ENGINE_ARGS).start(exits)
         mcp_port = free_port()
-        fake = Proc(
-            [
-                "fake-mcp",
-                "--port",
-                str(mcp_port),
-                "--lookup-latency",
-                "0.1",
-                "--deep-search-latency",
-                str(SLOW_TOOL_SECONDS),
-            ],
-            name="fake-mcp",
-            log_path=workdir / "fake-mcp.log",
+        tools = ["--lookup-latency", "0.1", "--deep-search-latency", str(SLOW_TOOL_SECONDS)]
+        await stack.launcher.spawn(
+            "fake-mcp",
+            ["fake-mcp", "--port", str(mcp_port), *tools],
+            f"http://127.0.0.1:{mcp_port}/health",
         )
-        await fake.start()
-        exits.push_async_callback(fake.stop)
-        await fake.wait_http(f"http://127.0.0.1:{mcp_port}/health")
         await stack.wait_healthy()
         rs = RuntimeStack(stack=stack, workdir=workdir, mcp_port=mcp_port)
         rs.runtime_port = free_port()
         rs.runtime = await rs.start_runtime(rs.runtime_port, workdir / "state", "runtime")
         exits.push_async_callback(rs.runtime.stop)
         yield rs
+
+
+def journal_lines(state_dir: Path) -> list[str]:
+    path = state_dir / "runs.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def journal_grown(state_dir: Path, by: int) -> None:
+    """Until the runtime's journal holds `by` records more than now."""
+    goal = len(journal_lines(state_dir)) + by
+
+    async def count() -> int:
+        return len(journal_lines(state_dir))
+
+    await eventually(count, lambda n: n >= goal, f"{goal} records in {state_dir}/runs.jsonl")
 
 
 async def call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -202,14 +207,15 @@ async def test_runs_survive_kill_9_at_random_moments_and_finish_exactly_once(
     before = (await rt.tool_calls())["lookup"]
     proc = await rt.start_runtime(port, state_dir, "runtime-crash")
     try:
-        async with asyncio.timeout(60):
+        async with asyncio.timeout(90):
             async with Client(f"http://127.0.0.1:{port}/mcp") as c:
                 handles = [
                     (await call(c, "spawn", {"task": f"crash {i}", "tools": ["lookup"]}))["handle"]
                     for i in range(20)
                 ]
             for _ in range(3):
-                await asyncio.sleep(rng.uniform(0.2, 0.8))  # a random moment mid-flight
+                # A random moment mid-flight, counted in journal records rather than seconds.
+                await journal_grown(state_dir, by=rng.randint(3, 20))
                 await proc.kill()
                 proc = await rt.start_runtime(port, state_dir, "runtime-crash")
             async with Client(f"http://127.0.0.1:{port}/mcp") as c:
@@ -224,7 +230,7 @@ async def test_runs_survive_kill_9_at_random_moments_and_finish_exactly_once(
     resumed = [e["resumed"] for e in log if e.get("event") == "runtime.replayed"]
     assert len(resumed) == 4 and max(resumed) > 0  # the kills did land mid-flight
 
-    records = [json.loads(line) for line in (state_dir / "runs.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in journal_lines(state_dir)]
     finished = Counter(r["run"] for r in records if r["type"] == "finished")
     assert finished == Counter({h: 1 for h in handles})
     rounds = [(r["run"], r["round"]) for r in records if r["type"] == "round"]

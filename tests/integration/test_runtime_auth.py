@@ -20,8 +20,7 @@ import pytest_asyncio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import SIM_MODEL
+from luftpause.testkit.stack import LocalStack, start_runtime
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TOKEN = "tok-" + "x" * 24
@@ -29,82 +28,21 @@ TOKEN = "tok-" + "x" * 24
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def runtime_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """A stack whose dataplane and runtime both hold the token; the runtime's base URL."""
     work: Path = tmp_path_factory.mktemp("runtime-auth")
-    env = {"LUFTPAUSE_TOKEN": TOKEN}
+    secured = {"LUFTPAUSE_TOKEN": TOKEN}
     async with AsyncExitStack() as exits:
-
-        async def spawn(name: str, args: list[str], ready: str, secured: bool) -> None:
-            proc = await Proc(
-                args, name=name, log_path=work / f"{name}.log", env=env if secured else None
-            ).start()
-            exits.push_async_callback(proc.stop)
-            await proc.wait_http(ready)
-
-        engine, grpc_port, http_port = free_port(), free_port(), free_port()
-        dataplane, mcp, runtime = free_port(), free_port(), free_port()
-        await spawn(
-            "engine",
-            [
-                "fake-engine",
-                "--port",
-                str(engine),
-                "--model",
-                SIM_MODEL,
-                "--time-scale",
-                "20",
-                "--tool-rounds",
-                "1",
-            ],
-            f"http://127.0.0.1:{engine}/health",
-            secured=False,
+        stack = LocalStack(
+            work,
+            engine_args=("--time-scale", "20", "--tool-rounds", "1"),
+            engines=1,
+            with_dataplane=False,
         )
-        (work / "endpoints.yaml").write_text(
-            f"endpoints:\n  - id: e0\n    url: http://127.0.0.1:{engine}\n"
-            f"    models: [{SIM_MODEL}]\n"
-        )
-        await spawn(
-            "scheduler",
-            [
-                "scheduler",
-                "--config",
-                str(work / "endpoints.yaml"),
-                "--grpc-port",
-                str(grpc_port),
-                "--http-port",
-                str(http_port),
-            ],
-            f"http://127.0.0.1:{http_port}/health",
-            secured=False,
-        )
-        await spawn(
-            "dataplane",
-            ["dataplane", "--port", str(dataplane), "--scheduler", f"127.0.0.1:{grpc_port}"],
-            f"http://127.0.0.1:{dataplane}/health",
-            secured=True,
-        )
-        await spawn(
-            "fake-mcp",
-            ["fake-mcp", "--port", str(mcp), "--lookup-latency", "0.05"],
-            f"http://127.0.0.1:{mcp}/health",
-            secured=False,
-        )
-        await spawn(
-            "runtime",
-            [
-                "runtime",
-                "--port",
-                str(runtime),
-                "--dataplane",
-                f"http://127.0.0.1:{dataplane}",
-                "--mcp-server",
-                f"http://127.0.0.1:{mcp}/mcp",
-                "--state-dir",
-                str(work / "state"),
-            ],
-            f"http://127.0.0.1:{runtime}/health",
-            secured=True,
-        )
-        yield f"http://127.0.0.1:{runtime}"
+        await stack.start(exits)
+        await stack.wait_healthy()
+        dataplane = await stack.launcher.dataplane(stack.scheduler, env=secured)
+        runtime = await start_runtime(exits, work, dataplane.url, env=secured)
+        yield runtime.url
 
 
 async def test_runtime_refuses_requests_without_the_bearer(runtime_url: str) -> None:

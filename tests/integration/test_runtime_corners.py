@@ -31,8 +31,17 @@ import pytest_asyncio
 from aiohttp import web
 from mcp import Client
 
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.status import fetch_status, wait_for_status
+from luftpause.testkit.procs import free_port
+from luftpause.testkit.stack import (
+    WAIT_SECONDS,
+    Endpoint,
+    Launcher,
+    eventually,
+    local_url,
+    until_status,
+    write_endpoints,
+)
+from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -101,33 +110,9 @@ class Corners:
         return [json.loads(line) for line in lines]
 
 
-async def _spawn(
-    exits: AsyncExitStack, workdir: Path, name: str, args: list[str], ready: str
-) -> None:
-    proc = await Proc(args, name=name, log_path=workdir / f"{name}.log").start()
-    exits.push_async_callback(proc.stop)
-    await proc.wait_http(ready, timeout=60)
-
-
-def _engine(port: int, eid: str, model: str, *extra: str) -> list[str]:
-    return ["fake-engine", "--port", str(port), "--id", eid, "--model", model, *extra]
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def corners(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Corners]:
     workdir = tmp_path_factory.mktemp("corners")
-    ports = {name: free_port() for name in ("sim-0", "sim-1", "clf-0", "two-calls")}
-    grpc, http, dataplane, mcp, runtime = (free_port() for _ in range(5))
-    engines = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    config = workdir / "endpoints.yaml"
-    config.write_text(
-        "endpoints:\n"
-        f"  - {{id: sim-0, url: '{engines['sim-0']}', models: [{GEN_MODEL}]}}\n"
-        f"  - {{id: sim-1, url: '{engines['sim-1']}', models: [{GEN_MODEL}]}}\n"
-        f"  - {{id: clf-0, url: '{engines['clf-0']}', models: [{CLF_MODEL}], kind: single-pass}}\n"
-        f"  - {{id: two-calls, url: '{engines['two-calls']}', models: [{TWO_CALLS_MODEL}],"
-        " metrics: ''}\n"
-    )
     two_calls = TwoCalls()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", two_calls.chat)
@@ -136,37 +121,50 @@ async def corners(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cor
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         exits.push_async_callback(runner.cleanup)
-        await web.TCPSite(runner, "127.0.0.1", ports["two-calls"]).start()
+        two_calls_port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", two_calls_port).start()
+        launcher = Launcher(workdir, exits)
         fast = ("--time-scale", "20")
-        for eid in ("sim-0", "sim-1"):
-            args = _engine(ports[eid], eid, GEN_MODEL, *fast, "--tool-rounds", str(TOOL_ROUNDS))
-            await _spawn(exits, workdir, eid, args, f"{engines[eid]}/health")
+        sims = [
+            await launcher.engine(eid, *fast, "--tool-rounds", str(TOOL_ROUNDS), models=[GEN_MODEL])
+            for eid in ("sim-0", "sim-1")
+        ]
         labels = ("--kind", "single-pass", "--labels", ",".join(CLF_LABELS))
-        args = _engine(ports["clf-0"], "clf-0", CLF_MODEL, *labels, *fast)
-        await _spawn(exits, workdir, "clf-0", args, f"{engines['clf-0']}/health")
-        args = ["scheduler", "--config", str(config), "--grpc-port", str(grpc)]
-        status_url = f"http://127.0.0.1:{http}/status"
-        await _spawn(exits, workdir, "scheduler", [*args, "--http-port", str(http)], status_url)
-        args = ["dataplane", "--port", str(dataplane), "--scheduler", f"127.0.0.1:{grpc}"]
-        dp = f"http://127.0.0.1:{dataplane}"
-        await _spawn(exits, workdir, "dataplane", [*args, "--config", str(config)], f"{dp}/ready")
-        args = ["fake-mcp", "--port", str(mcp), "--lookup-latency", str(LOOKUP_SECONDS)]
-        fake_mcp = f"http://127.0.0.1:{mcp}"
-        await _spawn(
-            exits, workdir, "fake-mcp", [*args, "--deep-search-latency", "5"], fake_mcp + "/health"
+        classifier = await launcher.engine(
+            "clf-0", *labels, *fast, models=[CLF_MODEL], options={"kind": "single-pass"}
         )
-        args = ["runtime", "--port", str(runtime), "--dataplane", dp, "--decide-model", CLF_MODEL]
-        args += ["--mcp-server", f"{fake_mcp}/mcp", "--state-dir", str(workdir / "runtime-state")]
-        rt = f"http://127.0.0.1:{runtime}"
-        await _spawn(exits, workdir, "runtime", args, f"{rt}/status")
-        await wait_for_status(status_url, lambda st: all(r["healthy"] for r in st["replicas"]))
+        own = Endpoint(
+            id="two-calls",
+            url=local_url(two_calls_port),
+            models=(TWO_CALLS_MODEL,),
+            options={"metrics": ""},
+        )
+        endpoints = [*sims, classifier, own]
+        config = write_endpoints(workdir / "endpoints.yaml", endpoints)
+        scheduler = await launcher.scheduler(config)
+        dataplane = await launcher.dataplane(scheduler, config=config, ready="/ready")
+        mcp, runtime = free_port(), free_port()
+        fake_mcp = local_url(mcp)
+        tools = ("--lookup-latency", str(LOOKUP_SECONDS), "--deep-search-latency", "5")
+        await launcher.spawn(
+            "fake-mcp", ["fake-mcp", "--port", str(mcp), *tools], f"{fake_mcp}/health"
+        )
+        args = ["runtime", "--port", str(runtime), "--dataplane", dataplane.url]
+        args += ["--decide-model", CLF_MODEL, "--mcp-server", f"{fake_mcp}/mcp"]
+        args += ["--state-dir", str(workdir / "runtime-state")]
+        await launcher.spawn("runtime", args, local_url(runtime) + "/health")
+        await until_status(
+            scheduler.status_url,
+            lambda st: all(r["healthy"] for r in st["replicas"]),
+            "every replica healthy",
+        )
         yield Corners(
             workdir=workdir,
-            engines=engines,
-            dataplane=dp,
-            status_url=status_url,
+            engines={e.id: e.url for e in endpoints},
+            dataplane=dataplane.url,
+            status_url=scheduler.status_url,
             fake_mcp=fake_mcp,
-            mcp_url=f"{rt}/mcp",
+            mcp_url=local_url(runtime) + "/mcp",
             two_calls=two_calls,
         )
 
@@ -208,12 +206,13 @@ async def echo(corners: Corners, call_id: str) -> str:
 
 
 async def until_journaled(corners: Corners, handle: str, kind: str) -> dict[str, Any]:
-    """The first journal record of `kind` for `handle` (callers bound this with a timeout)."""
-    while True:
-        found = [r for r in corners.journal() if r["run"] == handle and r["type"] == kind]
-        if found:
-            return found[0]
-        await asyncio.sleep(0.05)
+    """The first journal record of `kind` for `handle`."""
+
+    async def records() -> list[dict[str, Any]]:
+        return [r for r in corners.journal() if r["run"] == handle and r["type"] == kind]
+
+    found = await eventually(records, bool, f"a {kind!r} record of {handle} in the journal")
+    return found[0]
 
 
 async def test_a_finished_run_is_ended_at_the_dataplane_and_the_scheduler_forgets_it(
@@ -227,15 +226,23 @@ async def test_a_finished_run_is_ended_at_the_dataplane_and_the_scheduler_forget
         "corner-kept"
     )
     before = (await fetch_status(corners.status_url))["runs_total"]
-    async with asyncio.timeout(30), Client(corners.mcp_url) as c:
+    async with asyncio.timeout(3 * WAIT_SECONDS), Client(corners.mcp_url) as c:
         args = {"task": "t", "tools": ["lookup"], "maxToolCalls": 1, "approveTools": ["lookup"]}
         handle = (await call(c, "spawn", args))["handle"]
         asked = await until_journaled(corners, handle, "turn")  # paused on its tool call
-        await wait_for_status(corners.status_url, lambda st: st["runs_total"] == before + 1)
+        await until_status(
+            corners.status_url,
+            lambda st: st["runs_total"] == before + 1,
+            f"the scheduler to know run {handle}",
+        )
         await call(c, "approve", {"handle": handle, "allow": True})
         [run] = (await call(c, "await", {"handles": [handle], "timeout": 20}))["runs"]
         assert run["state"] == "finished" and run["toolCalls"] == 1, run
-        await wait_for_status(corners.status_url, lambda st: st["runs_total"] == before)
+        await until_status(
+            corners.status_url,
+            lambda st: st["runs_total"] == before,
+            f"the scheduler to forget the finished run {handle}",
+        )
     # The dataplane forgot the run's tool call: echoing it now starts a run of its own.
     assert await echo(corners, asked["asking"]) not in (handle, "corner-kept")
 

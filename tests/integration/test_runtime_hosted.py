@@ -17,7 +17,7 @@ import pytest_asyncio
 from mcp import Client
 
 import tests.runtime.stdio_tools
-from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
 from tests.integration.test_runtime import call
 
@@ -39,21 +39,9 @@ async def hosted(
         stack = await LocalStack(workdir, engine_args=ENGINE_ARGS, engines=1).start(exits)
         await stack.wait_healthy()
         port = free_port()
-        args = [
-            "runtime",
-            "--port",
-            str(port),
-            "--dataplane",
-            f"http://127.0.0.1:{stack.dataplane_port}",
-            "--mcp-stdio",
-            STDIO_SERVER,
-            "--state-dir",
-            str(workdir / "state"),
-        ]
-        proc = Proc(args, name="runtime", log_path=workdir / "runtime.log")
-        await proc.start()
-        exits.push_async_callback(proc.stop)
-        await proc.wait_http(f"http://127.0.0.1:{port}/status")
+        args = ["runtime", "--port", str(port), "--dataplane", stack.base_url.removesuffix("/v1")]
+        args += ["--mcp-stdio", STDIO_SERVER, "--state-dir", str(workdir / "state")]
+        await stack.launcher.spawn("runtime", args, f"http://127.0.0.1:{port}/health")
         yield f"http://127.0.0.1:{port}/mcp", workdir, stack.engine_url(0)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from luftpause.testkit.procs import Proc, free_port
+from luftpause.testkit.procs import free_port
+from luftpause.testkit.stack import WAIT_SECONDS, Launcher, eventually, local_url
 
 TOKEN = "tok-" + "r" * 24
 
@@ -44,33 +46,24 @@ async def runtime(tmp_path: Path) -> AsyncIterator[Runtime]:
     app = web.Application()
     app.router.add_get("/ready", dataplane_ready)
     runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    dataplane = free_port()
-    await web.TCPSite(runner, "127.0.0.1", dataplane).start()
-    port = free_port()
-    proc = await Proc(
-        [
+    async with AsyncExitStack() as exits:
+        await runner.setup()
+        exits.push_async_callback(runner.cleanup)
+        dataplane = free_port()
+        await web.TCPSite(runner, "127.0.0.1", dataplane).start()
+        port = free_port()
+        args = ["runtime", "--port", str(port), "--dataplane", local_url(dataplane)]
+        await Launcher(tmp_path, exits).spawn(
             "runtime",
-            "--port",
-            str(port),
-            "--dataplane",
-            f"http://127.0.0.1:{dataplane}",
-            "--state-dir",
-            str(tmp_path / "state"),
-        ],
-        log_path=tmp_path / "runtime.log",
-        env={"LUFTPAUSE_TOKEN": TOKEN},
-    ).start()
-    try:
-        await proc.wait_http(f"http://127.0.0.1:{port}/health", timeout=30)
-        yield Runtime(f"http://127.0.0.1:{port}", ready)
-    finally:
-        await proc.stop()
-        await runner.cleanup()
+            [*args, "--state-dir", str(tmp_path / "state")],
+            local_url(port) + "/health",
+            env={"LUFTPAUSE_TOKEN": TOKEN},
+        )
+        yield Runtime(local_url(port), ready)
 
 
 async def test_the_runtime_is_ready_only_while_its_dataplane_is(runtime: Runtime) -> None:
-    async with asyncio.timeout(20):
+    async with asyncio.timeout(2 * WAIT_SECONDS):
         assert await runtime.get("/health") == (200, {"status": "ok"})
         assert (await runtime.get("/status"))[0] == 401
         status, body = await runtime.get("/ready")
@@ -79,11 +72,19 @@ async def test_the_runtime_is_ready_only_while_its_dataplane_is(runtime: Runtime
         assert "dataplane not ready" in message and "scheduler unreachable" in message
 
         runtime.dataplane_ready[0] = True
-        while (await runtime.get("/ready"))[0] != 200:  # the last answer is kept ~1 s
-            await asyncio.sleep(0.1)
+        await eventually(  # the last answer is kept about a second
+            lambda: runtime.get("/ready"),
+            lambda got: got[0] == 200,
+            "the runtime ready once its dataplane is",
+            every=0.1,
+        )
         assert await runtime.get("/ready") == (200, {"status": "ready"})
 
         runtime.dataplane_ready[0] = False
-        while (await runtime.get("/ready"))[0] != 503:
-            await asyncio.sleep(0.1)
+        await eventually(
+            lambda: runtime.get("/ready"),
+            lambda got: got[0] == 503,
+            "the runtime not ready once its dataplane is not",
+            every=0.1,
+        )
         assert (await runtime.get("/health"))[0] == 200

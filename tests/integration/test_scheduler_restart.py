@@ -1,16 +1,18 @@
 """The scheduler dies under a flood and comes back: no client sees an error, no run moves.
 
 Real processes: two simulated engines, a dataplane and a scheduler that the test kills with
-SIGKILL and starts again with the same command line 3 s later. 40 closed-loop agents keep
-sending tool-calling runs through the dataplane the whole time.
+SIGKILL and starts again with the same command line once the dataplane has seen it gone and
+failed to reconnect. 40 closed-loop agents keep sending tool-calling runs through the dataplane
+the whole time. Every step waits for what it needs to see (agents' replies, the dataplane's
+link and log, the scheduler's status), never for a fixed time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
+import json
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +21,7 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import SIM_MODEL
-from luftpause.testkit.status import fetch_status
+from luftpause.testkit.stack import SIM_MODEL, LocalStack, eventually, read_metrics
 
 AGENTS = 40
 TOOLS: list[Any] = [
@@ -50,6 +50,9 @@ class Agent:
     errors: list[str] = field(default_factory=list)
     replicas_by_run: dict[str, set[str]] = field(default_factory=dict)
     paused_on: str = ""  # the replica of the run now waiting at the gate
+    waiting: bool = False  # a turn sent and not answered yet
+    replies: int = 0  # turns answered
+    finished: int = 0  # runs that ended with an answer
 
     async def run_forever(self) -> None:
         n = 0
@@ -61,6 +64,7 @@ class Agent:
         messages: list[Any] = [{"role": "user", "content": f"task {run_id}"}]
         seen = self.replicas_by_run.setdefault(run_id, set())
         for _ in range(6):
+            self.waiting = True
             try:
                 reply = await self.client.chat.completions.create(
                     model=SIM_MODEL,
@@ -75,9 +79,13 @@ class Agent:
             except Exception as exc:  # any client-visible failure counts
                 self.errors.append(f"{run_id}: {exc!r}")
                 return
+            finally:
+                self.waiting = False
+            self.replies += 1
             seen.add(reply.system_fingerprint or "?")
             message = reply.choices[0].message
             if not message.tool_calls:
+                self.finished += 1
                 return
             messages.append(message.model_dump(exclude_none=True))
             messages += [
@@ -90,139 +98,103 @@ class Agent:
             await asyncio.sleep(0.05)  # the tool's own latency
 
 
-@dataclass
-class Stack:
-    scheduler_args: list[str]
-    workdir: Path
-    http: str
-    dataplane_url: str
-    scheduler: Proc | None = None
+async def agents_until(agents: list[Agent], ok: Callable[[Agent], bool], what: str) -> None:
+    """Until every agent passes `ok`; a failure names the agents that did not."""
 
-    async def start_scheduler(self) -> None:
-        self.scheduler = await Proc(
-            self.scheduler_args, name="scheduler", log_path=self.workdir / "scheduler.log"
-        ).start()
-        await self.scheduler.wait_http(self.http + "/health")
+    async def behind() -> list[int]:
+        return [a.index for a in agents if not ok(a)]
 
-    async def status(self) -> dict[str, Any]:
-        return await fetch_status(self.http + "/status")
+    await eventually(
+        behind, lambda late: not late, f"every agent {what} (seen: the agents not yet)"
+    )
+
+
+async def agents_answered_since(agents: list[Agent], what: str) -> None:
+    """Until every agent has had a turn answered after this call."""
+    before = {a.index: a.replies for a in agents}
+    await agents_until(agents, lambda a: a.replies > before[a.index], what)
+
+
+async def link_up(stack: LocalStack) -> float:
+    """1 while the dataplane's Session stream to the scheduler is up, else 0."""
+    metrics = await read_metrics(stack.base_url.removesuffix("/v1") + "/metrics")
+    return metrics["luftpause_dataplane_scheduler_link_up"]
+
+
+async def link_downs(stack: LocalStack) -> int:
+    """Times the dataplane logged its link down: once when it breaks, once per failed retry."""
+    lines = (stack.workdir / "dataplane.log").read_text().splitlines()
+    events = [json.loads(line).get("event") for line in lines if line.startswith("{")]
+    return events.count("scheduler link down")
+
+
+async def kill_the_scheduler(stack: LocalStack) -> None:
+    """SIGKILL, then until the dataplane has seen the link go down (it holds turns from here)
+    and has failed to open it again at least once (its retries are a second apart)."""
+    downs = await link_downs(stack)
+    await stack.procs["scheduler"].kill()
+    await eventually(
+        lambda: link_up(stack), lambda up: up == 0, "the dataplane to see the scheduler gone"
+    )
+    await eventually(
+        lambda: link_downs(stack),
+        lambda n: n >= downs + 2,
+        "the dataplane to fail a reconnect to the dead scheduler",
+    )
+
+
+async def restart_the_scheduler(stack: LocalStack) -> None:
+    """The same command line again, then until the dataplane is in session with it."""
+    await stack.launcher.respawn("scheduler")
+    await eventually(lambda: link_up(stack), lambda up: up == 1, "the dataplane back in session")
 
 
 @pytest.fixture
-async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+async def stack(tmp_path: Path) -> AsyncIterator[LocalStack]:
     async with AsyncExitStack() as exits:
-        lines = ["endpoints:"]
-        for eid in ("e0", "e1"):
-            port = free_port()
-            lines += [
-                f"  - id: {eid}",
-                f"    url: http://127.0.0.1:{port}",
-                f"    models: [{SIM_MODEL}]",
-            ]
-            proc = await Proc(
-                [
-                    "fake-engine",
-                    "--port",
-                    str(port),
-                    "--id",
-                    eid,
-                    "--model",
-                    SIM_MODEL,
-                    "--tool-rounds",
-                    "2",
-                    "--time-scale",
-                    "10",
-                ],
-                log_path=tmp_path / f"{eid}.log",
-            ).start()
-            exits.push_async_callback(proc.stop)
-            await proc.wait_http(f"http://127.0.0.1:{port}/health")
-        (tmp_path / "endpoints.yaml").write_text("\n".join(lines) + "\n")
-        grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
-        st = Stack(
-            [
-                "scheduler",
-                "--config",
-                str(tmp_path / "endpoints.yaml"),
-                "--grpc-port",
-                str(grpc_port),
-                "--http-port",
-                str(http_port),
-                "--probe-period",
-                "0.5",
-            ],
+        local = LocalStack(
             tmp_path,
-            f"http://127.0.0.1:{http_port}",
-            f"http://127.0.0.1:{dp_port}/v1",
+            engine_args=("--tool-rounds", "2", "--time-scale", "10"),
+            scheduler_args=("--probe-period", "0.5"),
+            dataplane_args=("--id", "dp"),
         )
-        await st.start_scheduler()
-
-        async def stop_scheduler() -> None:
-            if st.scheduler is not None:
-                await st.scheduler.stop()
-
-        exits.push_async_callback(stop_scheduler)
-        dataplane = await Proc(
-            [
-                "dataplane",
-                "--port",
-                str(dp_port),
-                "--scheduler",
-                f"127.0.0.1:{grpc_port}",
-                "--id",
-                "dp",
-            ],
-            log_path=tmp_path / "dataplane.log",
-        ).start()
-        exits.push_async_callback(dataplane.stop)
-        await dataplane.wait_http(f"http://127.0.0.1:{dp_port}/health")
-        async with asyncio.timeout(20):
-            while not all(r["healthy"] for r in (await st.status())["replicas"]):
-                await asyncio.sleep(0.05)
-        yield st
-
-
-async def _kill_and_restart(stack: Stack) -> None:
-    assert stack.scheduler is not None and stack.scheduler.proc is not None
-    stack.scheduler.proc.send_signal(signal.SIGKILL)
-    await stack.scheduler.proc.wait()
-    await asyncio.sleep(3.0)  # the outage the issue asks for
-    await stack.start_scheduler()
+        await local.start(exits)
+        await local.wait_healthy()
+        yield local
 
 
 async def test_agents_see_no_error_and_keep_their_replicas_across_a_scheduler_restart(
-    stack: Stack,
+    stack: LocalStack,
 ) -> None:
     gate, stop = asyncio.Event(), asyncio.Event()
     gate.set()
     async with AsyncExitStack() as exits:
         agents = []
         for i in range(AGENTS):
-            client = AsyncOpenAI(
-                base_url=stack.dataplane_url, api_key="x", max_retries=0, timeout=60
-            )
+            client = AsyncOpenAI(base_url=stack.base_url, api_key="x", max_retries=0, timeout=60)
             exits.push_async_callback(client.close)
             agents.append(Agent(i, client, gate, stop))
         tasks = [asyncio.create_task(a.run_forever()) for a in agents]
         try:
-            async with asyncio.timeout(90):
+            async with asyncio.timeout(100):
                 # 1. A restart in the middle of flowing traffic: turns are held, not failed.
-                await asyncio.sleep(2.0)
-                await _kill_and_restart(stack)
-                await asyncio.sleep(2.0)
+                await agents_until(agents, lambda a: a.finished >= 1, "to have finished a run")
+                await kill_the_scheduler(stack)
+                await agents_until(agents, lambda a: a.waiting, "to be waiting on a turn")
+                await restart_the_scheduler(stack)
+                await agents_answered_since(agents, "to have a turn answered after the restart")
 
                 # 2. Every agent paused on a tool, then a restart: Resync must rebuild it all.
                 gate.clear()
-                while sum(1 for a in agents if a.paused_on) < AGENTS:
-                    await asyncio.sleep(0.05)
-                await _kill_and_restart(stack)
+                await agents_until(agents, lambda a: bool(a.paused_on), "to be paused on a tool")
                 truth = Counter(a.paused_on for a in agents)
-                while True:  # the dataplane resyncs on reconnect (every 1 s)
-                    status = await stack.status()
-                    paused = {r["id"]: r["paused_interactive"] for r in status["replicas"]}
-                    if sum(paused.values()) == AGENTS:
-                        break
-                    await asyncio.sleep(0.05)
+                await kill_the_scheduler(stack)
+                await restart_the_scheduler(stack)
+                status = await stack.until(
+                    lambda st: sum(r["paused_interactive"] for r in st["replicas"]) == AGENTS,
+                    f"the restarted scheduler to learn all {AGENTS} paused runs (Resync)",
+                )
+                paused = {r["id"]: r["paused_interactive"] for r in status["replicas"]}
                 assert paused == dict(truth)
                 assert status["turns_in_flight"] == 0
                 assert all(r["in_flight"] == 0 for r in status["replicas"])
@@ -230,7 +202,7 @@ async def test_agents_see_no_error_and_keep_their_replicas_across_a_scheduler_re
 
                 # 3. The paused runs come back to their replicas.
                 gate.set()
-                await asyncio.sleep(2.0)
+                await agents_answered_since(agents, "to have a turn answered after its pause")
                 stop.set()
                 await asyncio.gather(*tasks)
         finally:

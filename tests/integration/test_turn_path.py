@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.stack import SIM_MODEL, LocalStack
-from luftpause.testkit.status import fetch_status, wait_for_status
+from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -156,8 +156,9 @@ async def test_fifty_concurrent_runs_finish_without_error(stack: LocalStack) -> 
     assert all(len(f) == 3 and len(set(f)) == 1 for f in results)
     # The last turn's end reaches the scheduler on the Session stream just after its client
     # has the whole reply: wait for it rather than race it.
-    await wait_for_status(
-        stack.status_url, lambda st: st["turns_in_flight"] == 0 and st["held_total"] == 0, 5.0
+    await stack.until(
+        lambda st: st["turns_in_flight"] == 0 and st["held_total"] == 0,
+        "the scheduler to see every turn of the fifty runs over",
     )
 
 
@@ -194,8 +195,9 @@ async def test_runs_on_open_engines_are_placed_by_the_dataplane_and_counted_by_t
     assert {f[0] for f, _ in results} == {"engine-0", "engine-1"}
     placed = await _metric(dp_metrics, "luftpause_dataplane_placed_locally_total") - before
     assert placed == 18
-    st = await wait_for_status(
-        stack.status_url, lambda s: s["turns_in_flight"] == 0 and s["held_total"] == 0, 5.0
+    st = await stack.until(
+        lambda s: s["turns_in_flight"] == 0 and s["held_total"] == 0,
+        "the scheduler to see every turn of the six runs over",
     )
     assert await _metric(sched_metrics, "luftpause_turns_placed_by_dataplane_total") == (
         reported + 18

@@ -13,6 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc, free_port, free_ports_in_a_row
+from luftpause.testkit.stack import READY_SECONDS, eventually
 from luftpause.up import front, parse_args, plan
 
 
@@ -54,10 +55,12 @@ async def up(tmp_path: Path) -> AsyncIterator[Up]:
     log = tmp_path / "up.log"
     proc = await Proc(args, log_path=log).start()
     try:
-        await proc.wait_http(f"http://127.0.0.1:{ports['dataplane']}/health", timeout=60)
-        async with asyncio.timeout(30):
-            while "the stack is up" not in log.read_text():
-                await asyncio.sleep(0.05)
+        await proc.wait_http(f"http://127.0.0.1:{ports['dataplane']}/health", READY_SECONDS)
+        await eventually(
+            lambda: asyncio.to_thread(log.read_text),
+            lambda text: "the stack is up" in text,
+            "`up` to log that the stack is up",
+        )
         yield Up(proc, log, ports["dataplane"])
     finally:
         await proc.stop()
@@ -71,10 +74,11 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
 
 
-async def _gone(pids: list[int], timeout: float = 15.0) -> None:
-    async with asyncio.timeout(timeout):
-        while any(_alive(p) for p in pids):
-            await asyncio.sleep(0.05)
+async def _gone(pids: list[int]) -> None:
+    async def alive() -> list[int]:
+        return [p for p in pids if _alive(p)]
+
+    await eventually(alive, lambda left: not left, "every child of `up` to exit")
 
 
 async def test_up_serves_completions_and_stops_everything_on_sigterm(up: Up) -> None:

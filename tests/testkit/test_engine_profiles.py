@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from openai import AsyncOpenAI
 
@@ -16,6 +15,7 @@ from luftpause.testkit.engine.params import (
     SimParams,
 )
 from luftpause.testkit.engine.server import serve
+from luftpause.testkit.stack import read_metrics
 
 
 def test_cpu_is_the_calibrated_default() -> None:
@@ -60,20 +60,20 @@ async def test_a_gpu_profile_engine_streams_a_short_turns_first_token_well_under
     server = await serve(params)
     try:
         async with (
-            asyncio.timeout(10),
+            asyncio.timeout(30),
             AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0) as client,
         ):
-            started = time.monotonic()
             stream = await client.chat.completions.create(
                 model=params.model,
                 messages=[{"role": "user", "content": "hi"}],
                 max_tokens=8,
                 stream=True,
             )
-            first = None
-            async for chunk in stream:
-                if first is None and chunk.choices and chunk.choices[0].delta.content:
-                    first = time.monotonic() - started
+            content = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            metrics = await read_metrics(server.url + "/metrics")
     finally:
         await server.close()
-    assert first is not None and first < 3.0  # milliseconds simulated; seconds of slack here
+    assert content
+    # The engine's own clock (at time scale 1 the time it means to take), not this machine's:
+    # the whole short turn, its first token included, takes about 120 ms (the cpu profile 450).
+    assert 0 < metrics["luftpause_sim_busy_ms_total"] < 250
