@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PROTO   := proto/luftpause/rpc/scheduler.proto
-RPC_OUT := services/common
+RPC_OUT := src
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: install browser docker-tools up test lint typecheck pytest proto soak bench bench-real \
@@ -116,7 +116,7 @@ IMAGES     ?= scheduler dataplane runtime fake-engine fake-mcp llama-engine
 DOCKER_BUILD_FLAGS ?=
 RUN_OR_ECHO := $(if $(DRY_RUN),echo,)
 PACKAGE_FILES := pyproject.toml README.md \
-	$(shell find services testkit -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+	$(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
 
 wheel: $(WHEEL)
 

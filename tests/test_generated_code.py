@@ -8,7 +8,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO = "luftpause/rpc/scheduler.proto"
-OUT = ROOT / "services" / "common" / "luftpause" / "rpc"
+OUT = ROOT / "src" / "luftpause" / "rpc"
 
 
 def test_generated_grpc_code_is_fresh(tmp_path: Path) -> None:

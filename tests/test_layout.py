@@ -16,9 +16,9 @@ from luftpause.testkit.engine.params import PROFILES
 from luftpause.up import ENGINE_PROFILES
 
 ROOT = Path(__file__).resolve().parents[1]
-# Where the `luftpause` package's parts live (pyproject's dev-mode-dirs).
-SOURCE_ROOTS = ("services/common", "services/scheduler", "services/dataplane", "services/runtime")
-TESTKIT_ROOT = "testkit"
+# Where the `luftpause` package lives, and its test kit.
+SOURCE = ROOT / "src"
+TESTKIT = SOURCE / "luftpause" / "testkit"
 GENERATED = "luftpause.rpc"
 # Per service, the modules that may import the generated gRPC code: `wire` translates between
 # the service's own values and the messages, the other is the gRPC shell that moves them.
@@ -39,10 +39,8 @@ def _module_name(root: Path, path: Path) -> str:
 def modules() -> dict[str, Path]:
     """Every luftpause module of the product and the test kit, by dotted name."""
     found: dict[str, Path] = {}
-    for base in (*SOURCE_ROOTS, TESTKIT_ROOT):
-        root = ROOT / base
-        for path in sorted(root.rglob("*.py")):
-            found[_module_name(root, path)] = path
+    for path in sorted(SOURCE.rglob("*.py")):
+        found[_module_name(SOURCE, path)] = path
     return found
 
 
@@ -171,7 +169,7 @@ def test_the_product_never_imports_the_test_kit() -> None:
     offenders = {
         name: sorted(t for t in imported(name) if t.startswith("luftpause.testkit"))
         for name in modules()
-        if not modules()[name].is_relative_to(ROOT / TESTKIT_ROOT)
+        if not modules()[name].is_relative_to(TESTKIT)
     }
     assert {name: ts for name, ts in offenders.items() if ts} == {}
 
@@ -193,3 +191,12 @@ def _speaks(target: str) -> bool:
 def test_up_offers_exactly_the_engine_simulators_profiles() -> None:
     """`up` names the profiles without importing the test kit; the names must not drift."""
     assert tuple(PROFILES) == ENGINE_PROFILES
+
+
+def test_every_package_says_what_it_is() -> None:
+    bare = [
+        name
+        for name, path in modules().items()
+        if path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text()))
+    ]
+    assert bare == [], f"packages without a docstring: {bare}"

@@ -6,6 +6,6 @@ Layers, from the bottom:
 - shell: `driver` runs the core in real time, `server` answers HTTP (with `replies` writing
   the streams); `main` parses the command line.
 
-`luftpause fake-engine --help` lists every parameter; testkit/README.md explains the model and
-how its defaults were calibrated against llama.cpp.
+`luftpause fake-engine --help` lists every parameter; the test kit's README explains the model
+and how its defaults were calibrated against llama.cpp.
 """

@@ -1,7 +1,7 @@
 """Parameters of the simulated engine and of its HTTP face, and the named profiles.
 
 Pure module: values only. The timing defaults come from `bench/calibrate_engine.py`
-(llama.cpp, Gemma 3 270M Q4_K_M, one CPU thread); see testkit/README.md for the table. The
+(llama.cpp, Gemma 3 270M Q4_K_M, one CPU thread); see the test kit README for the table. The
 profiles (`--profile`) are starting points the flags then adjust: `cpu` is those defaults,
 `gpu` a small GPU engine batching as SGLang does (the step costs of bench/arms.py GPU_PROFILE).
 """

@@ -1,1 +1,0 @@
-"""luftpause package."""
