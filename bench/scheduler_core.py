@@ -150,9 +150,15 @@ def import_path(tree: Path) -> str:
 
 
 def measure_in(tree: Path, runs: int, events: int, seed: int, saturated: bool) -> dict[str, Any]:
-    """`measure` in a fresh process importing the code of `tree`."""
+    """`measure` in a fresh process importing the code of `tree` (checked: the process says
+    where its decision core came from)."""
+    # The venv's own copy of the package must not win over `tree`'s: a regular package found
+    # later on the path beats namespace portions found first (older trees had those).
+    other = "" if tree == ROOT else str(ROOT / "src")
     code = (
-        "import json, sys; from bench.scheduler_core import measure; "
+        f"import json, sys; sys.path[:] = [p for p in sys.path if p != {other!r}]; "
+        "import luftpause.scheduler.core.decide as core; print(core.__file__); "
+        "from bench.scheduler_core import measure; "
         f"print(json.dumps(measure({runs}, {events}, {seed}, {saturated})))"
     )
     env = {**os.environ, "PYTHONPATH": import_path(tree)}
@@ -161,7 +167,10 @@ def measure_in(tree: Path, runs: int, events: int, seed: int, saturated: bool) -
     )
     if out.returncode != 0:
         raise SystemExit(f"trial in {tree} failed:\n{out.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    where, result_line = out.stdout.strip().splitlines()[-2:]
+    if not Path(where).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(f"trial for {tree} imported the core from {where}")
+    result: dict[str, Any] = json.loads(result_line)
     return result
 
 

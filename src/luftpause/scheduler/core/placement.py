@@ -48,17 +48,19 @@ _NO_IDS: frozenset[str] = frozenset()
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     """Whether `replica` can take one more turn of `service_class` now."""
+    interactive, batch = room_pair(replica)
+    return batch if service_class is ServiceClass.BATCH else interactive
+
+
+def room_pair(replica: Replica) -> tuple[bool, bool]:
+    """Whether `replica` can take one more (interactive, batch) turn now, health aside."""
     cap = replica.capacity
     if cap is None:
-        return True
+        return True, True
     free = cap - replica.in_flight
-    if replica.preemptive:
-        if service_class is ServiceClass.BATCH:
-            return free > 0
-        return replica.interactive_in_flight < cap
-    if service_class is ServiceClass.BATCH:
-        return free > replica.paused_interactive
-    return free > 0
+    if replica.priority is not None and replica.priority.preemptive:
+        return replica.interactive_in_flight < cap, free > 0
+    return free > 0, free > replica.paused_interactive
 
 
 def is_open(replica: Replica) -> bool:
@@ -81,11 +83,7 @@ def _room_flags(replica: Replica) -> tuple[bool, bool, bool, bool]:
     """Whether `replica` counts in each room set of its kind: see `_room_keys`."""
     if not replica.healthy:
         return (False, False, False, False)
-    if replica.capacity is None:
-        interactive = batch = True
-    else:
-        interactive = has_room(replica, ServiceClass.INTERACTIVE)
-        batch = has_room(replica, ServiceClass.BATCH)
+    interactive, batch = room_pair(replica)
     if replica.kind is EndpointKind.SINGLE_PASS:
         return (interactive, batch, False, False)
     return (
