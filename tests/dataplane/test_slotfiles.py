@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Mapping
 
+import pytest
 from multidict import CIMultiDict
 
 from luftpause.dataplane.metrics import Metrics
@@ -103,8 +104,11 @@ async def test_calls_on_other_files_do_not_wait() -> None:
     engine, order = GatedEngine(("save", "f1")), FileOrder()
     saving = _turn(engine, order, 0, save="f1", restore=None)
     other = _turn(engine, order, 1, save="f2", restore="f3")
-    async with asyncio.timeout(5):
-        await other
+    try:
+        async with asyncio.timeout(5):
+            await other
+    except TimeoutError:
+        pytest.fail("a turn on files f2 and f3 waited for a save into f1")
     engine.gates["save", "f1"].set()
     await saving
 
