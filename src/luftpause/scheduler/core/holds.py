@@ -1,6 +1,6 @@
 """Bounds on how long a held turn waits for a rule that is only worth a bounded wait.
 
-Pure module: functions from State to State, no I/O. Two rules hold a turn that could run
+Pure module: functions that change a `Draft`, no I/O. Two rules hold a turn that could run
 elsewhere at once, because running it elsewhere costs more than a short wait:
 
 - soft affinity: an idle run resident on its replica waits for that replica, where its prefix

@@ -1,6 +1,6 @@
 """Runs resident on a replica, and the KV rule that keeps a replica's working set in its pool.
 
-Pure module: functions from State to State, no I/O. Theory of operation:
+Pure module: functions that change a `Draft`, no I/O. Theory of operation:
 
 - A run is *resident* on its replica while its context is expected to be used there again:
   while a turn of it is in flight, while it is paused on a tool, and after a turn that ended
