@@ -28,7 +28,14 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from openai import AsyncOpenAI
 
 from luftpause.scheduler.engine_load import Load, parse_load
-from luftpause.testkit.stack import Launcher, Scheduler, eventually, until_status, write_endpoints
+from luftpause.testkit.stack import (
+    Launcher,
+    Scheduler,
+    eventually,
+    read_metrics,
+    until_status,
+    write_endpoints,
+)
 from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -36,6 +43,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 HOSTED_MODEL = "hosted-sim"
 ROUTED_MODEL = "routed-sim"
 KEY = "secret"
+# The hosted engine's rate limits (its hosted-API mode): far more than the tests use.
+HOSTED_RPM, HOSTED_TPM = 10_000, 10_000_000
+HOSTED_LIMITS = ("--rpm", str(HOSTED_RPM), "--tpm", str(HOSTED_TPM))
 PROBE_PERIOD = "0.3"
 # Engines behind the router: room for two requests of 10 prompt + 64 reply tokens in 160 KV
 # tokens (blocks of 16), and a decode step of a second, so the rest wait for a long while.
@@ -162,6 +172,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             "--require-key",
             KEY,
             *fast,
+            *HOSTED_LIMITS,
             models=[HOSTED_MODEL],
             tls=(cert, key),
             options={"health": "/v1/models", "metrics": "", "api_key_env": "HOSTED_KEY"},
@@ -248,6 +259,27 @@ async def test_completion_reaches_the_hosted_https_engine_with_its_key_not_the_c
     chats = [e for e in seen if e["path"] == "/v1/chat/completions"]
     assert chats and all(headers_of(e).get("authorization") == f"Bearer {KEY}" for e in chats)
     assert not any("client-token" in str(e["headers"]) for e in seen)
+
+
+async def test_the_dataplane_shows_the_hosted_replicas_rate_limit_budget(stack: Stack) -> None:
+    await wait_replica(stack.status_url, "hosted", healthy=True)
+    async with (
+        asyncio.timeout(30),
+        AsyncOpenAI(base_url=stack.dataplane_url, api_key="x", max_retries=0) as client,
+    ):
+        await client.chat.completions.create(
+            model=HOSTED_MODEL, messages=[{"role": "user", "content": "how much is left?"}]
+        )
+    metrics = await read_metrics(stack.dataplane_url.removesuffix("/v1") + "/metrics")
+    label = '{budget="requests",replica="hosted"}'
+    assert metrics[f"luftpause_dataplane_ratelimit_limit{label}"] == HOSTED_RPM
+    assert 0 <= metrics[f"luftpause_dataplane_ratelimit_remaining{label}"] < HOSTED_RPM
+    tokens = '{budget="tokens",replica="hosted"}'
+    assert metrics[f"luftpause_dataplane_ratelimit_remaining{tokens}"] < HOSTED_TPM
+    resets = metrics[f"luftpause_dataplane_ratelimit_reset_timestamp_seconds{label}"]
+    # The window is 60 simulated seconds, 3 s at this time scale: it may have refilled since.
+    assert -10 < resets - datetime.datetime.now(datetime.UTC).timestamp() <= 3
+    assert metrics.get("luftpause_dataplane_ratelimit_headers_malformed_total", 0) == 0
 
 
 async def test_scheduler_probes_the_hosted_health_path_with_the_key(stack: Stack) -> None:

@@ -14,6 +14,14 @@ collector, from a plain counter the proxy keeps and from the link:
     luftpause_dataplane_scheduler_reconnects_total                      counter
     luftpause_dataplane_placed_locally_total                            counter
     luftpause_dataplane_slot_actions_total{action,outcome}              counter
+    luftpause_dataplane_ratelimit_limit{replica,budget}                 gauge
+    luftpause_dataplane_ratelimit_remaining{replica,budget}             gauge
+    luftpause_dataplane_ratelimit_reset_timestamp_seconds{replica,budget}  gauge
+    luftpause_dataplane_ratelimit_retry_after_seconds{replica}          gauge
+    luftpause_dataplane_ratelimit_headers_malformed_total{replica}      counter
+
+The rate-limit gauges are each hosted replica's budget as its latest reply reported it
+(`luftpause.common.ratelimits`), with the reset as a Unix time.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from luftpause.common.ratelimits import Reading
 from luftpause.dataplane.identity import ServiceClass
 
 OUTCOMES = ("finished", "failed", "abandoned")
@@ -67,6 +76,48 @@ class _StateCollector(Collector):
             "Sessions to the scheduler opened again after a break (the first one not counted).",
             value=0 if link is None else max(link.sessions - 1, 0),
         )
+        yield from self._rate_limits()
+
+    def _rate_limits(self) -> Iterator[Metric]:
+        readings = self._metrics.readings
+        if not readings:
+            return
+        gauges = {
+            "limit": GaugeMetricFamily(
+                "luftpause_dataplane_ratelimit_limit",
+                "A hosted replica's rate-limit budget (requests, tokens, input_tokens, "
+                "output_tokens) per window, as its latest reply reported it.",
+                labels=["replica", "budget"],
+            ),
+            "remaining": GaugeMetricFamily(
+                "luftpause_dataplane_ratelimit_remaining",
+                "What remained of a hosted replica's rate-limit budget at its latest reply.",
+                labels=["replica", "budget"],
+            ),
+            "reset": GaugeMetricFamily(
+                "luftpause_dataplane_ratelimit_reset_timestamp_seconds",
+                "When a hosted replica's rate-limit budget refills, as its latest reply said "
+                "(Unix time).",
+                labels=["replica", "budget"],
+            ),
+        }
+        retry = GaugeMetricFamily(
+            "luftpause_dataplane_ratelimit_retry_after_seconds",
+            "The Retry-After of a hosted replica's latest reply that had one.",
+            labels=["replica"],
+        )
+        for replica, (reading, at) in sorted(readings.items()):
+            for name, budget in reading.budgets.items():
+                if budget.limit is not None:
+                    gauges["limit"].add_metric([replica, name], budget.limit)
+                if budget.remaining is not None:
+                    gauges["remaining"].add_metric([replica, name], budget.remaining)
+                if budget.reset_s is not None:
+                    gauges["reset"].add_metric([replica, name], at + budget.reset_s)
+            if reading.retry_after_s is not None:
+                retry.add_metric([replica], reading.retry_after_s)
+        yield from gauges.values()
+        yield retry
 
 
 class Metrics:
@@ -136,6 +187,15 @@ class Metrics:
             for action in ("save", "restore")
             for ok in (True, False)
         }
+        # Per replica: the latest rate-limit reading and when (Unix time) it was read.
+        self.readings: dict[str, tuple[Reading, float]] = {}
+        self._malformed = Counter(
+            "luftpause_dataplane_ratelimit_headers_malformed",
+            "Rate-limit headers of a hosted replica's replies that could not be read (left "
+            "out of its reading; see the dataplane's log for which).",
+            ["replica"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(self))
 
     def watch_link(self, link: LinkState) -> None:
@@ -162,6 +222,13 @@ class Metrics:
         self._ttfb[service_class].observe(seconds)
         if added is not None:
             self._added[service_class].observe(added)
+
+    def rate_limits(self, replica: str, reading: Reading, at: float) -> None:
+        """Keep `replica`'s latest rate-limit reading (read at Unix time `at`)."""
+        if reading.budgets or reading.retry_after_s is not None:
+            self.readings[replica] = (reading, at)
+        if reading.malformed:
+            self._malformed.labels(replica).inc(len(reading.malformed))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -33,6 +33,7 @@ from uuid import uuid4
 import structlog
 from aiohttp import web
 
+from luftpause.common import ratelimits
 from luftpause.common.prefixes import Key, opening_keys
 from luftpause.dataplane import wire
 from luftpause.dataplane.context import DATAPLANE, Dataplane
@@ -214,6 +215,7 @@ async def _admit_and_proxy(
         log.warning("engine unreachable", replica=replica_id, url=url, error=exc.message)
         turn.failed(f"engine unreachable: {exc.message}")
         return json_error(502, f"engine {replica_id}: {exc.message}", run_id=turn.run_id)
+    _read_rate_limits(dp, replica_id, engine)
     try:
         if not 200 <= engine.status < 300:
             return await _relay_refusal(turn, engine)
@@ -226,6 +228,17 @@ async def _admit_and_proxy(
         return await _relay_body(dp, turn, engine, arrived, own)
     finally:
         engine.close()
+
+
+def _read_rate_limits(dp: Dataplane, replica_id: str, engine: EngineResponse) -> None:
+    """Keep what a hosted replica's reply says of its rate limits (for /metrics)."""
+    now = time.time()
+    reading = ratelimits.read(engine.headers, now)
+    if reading is None:
+        return
+    if reading.malformed:
+        log.warning("unreadable rate-limit headers", replica=replica_id, headers=reading.malformed)
+    dp.metrics.rate_limits(replica_id, reading, now)
 
 
 async def _relay_refusal(turn: Turn, engine: EngineResponse) -> web.Response:
