@@ -60,15 +60,20 @@ async def test_engine_refusing_connections_gets_502_naming_the_replica(stack: St
     assert stack.dp.runs.phase(headers["x-luftpause-run-id"]) is Phase.IDLE
 
 
-async def test_engine_429_passes_through_with_retry_after(stack: Stack) -> None:
+async def test_engine_429_it_cannot_wait_out_passes_through_with_retry_after(
+    stack: Stack,
+) -> None:
     body = b'{"error": {"message": "rate limited", "type": "rate_limit"}}'
+    asked = 0
 
     async def limited(request: web.Request) -> web.Response:
+        nonlocal asked
+        asked += 1
         return web.Response(
             status=429,
             body=body,
             content_type="application/json",
-            headers={"Retry-After": "7", "x-ratelimit-remaining-tokens": "0"},
+            headers={"Retry-After": "120", "x-ratelimit-remaining-tokens": "0"},
         )
 
     stack.engine.handler = limited
@@ -76,11 +81,45 @@ async def test_engine_429_passes_through_with_retry_after(stack: Stack) -> None:
         status, headers, data = await stack.post(stack.chat(stream=True))
         turn_id = stack.scheduler.admits[-1].turn_id
         events = await stack.turn_events(turn_id, 2)
-    assert status == 429 and data == body
-    assert headers["Retry-After"] == "7" and headers["x-ratelimit-remaining-tokens"] == "0"
+    assert status == 429 and data == body and asked == 1  # 120 s is past the 30 s it may wait
+    assert headers["Retry-After"] == "120" and headers["x-ratelimit-remaining-tokens"] == "0"
     assert headers["Content-Type"] == "application/json"
     assert headers["x-luftpause-run-id"]
     assert events == ["started", "failed"]
+
+
+SPENT = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "300ms"}
+
+
+async def test_engine_429_is_waited_out_and_the_client_sees_only_the_reply(stack: Stack) -> None:
+    asked: list[float] = []
+
+    async def limited_once(request: web.Request) -> web.StreamResponse:
+        asked.append(asyncio.get_running_loop().time())
+        if len(asked) == 1:
+            return web.json_response(
+                {"error": {"message": "slow down"}},
+                status=429,
+                headers={
+                    "x-ratelimit-remaining-requests": "0",
+                    "x-ratelimit-reset-requests": "300ms",
+                },
+            )
+        return web.json_response(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
+        )
+
+    stack.engine.handler = limited_once
+    async with asyncio.timeout(10):
+        status, _, data = await stack.post(stack.chat())
+        turn_id = stack.scheduler.admits[-1].turn_id
+        events = await stack.turn_events(turn_id, 2)
+        async with stack.http.get(stack.url + "/metrics") as resp:
+            metrics = await resp.text()
+    assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "ok"
+    assert len(asked) == 2 and asked[1] - asked[0] >= 0.3  # the reset the engine gave
+    assert events == ["started", "finished"]
+    assert 'luftpause_dataplane_rate_limited_total{replica="engine-a"} 1.0' in metrics
 
 
 async def test_engine_500_passes_through_unchanged(stack: Stack) -> None:

@@ -37,6 +37,10 @@ from luftpause.testkit.status import fetch_status
 
 RUN = "x-luftpause-run-id"
 CAPPED, HOSTED, DOOMED, FLAKY, SILENT = "capped", "hosted", "doomed", "flaky", "silent"
+# A 429 is waited out for 5 s in all: the hosted engine's window (3 s) fits, the simulator's
+# injected 429s (Retry-After 1, every time) reach the client after a few tries.
+RATE_LIMIT_WAIT_S = 5
+DATAPLANE_ARGS = ("--rate-limit-wait-s", str(RATE_LIMIT_WAIT_S))
 MODELS: dict[str, tuple[str, ...]] = {
     "a-victim": (FLAKY,),
     "a-silent": (SILENT,),
@@ -146,6 +150,11 @@ class Stack:
             if k.startswith("luftpause_dataplane_turns_total{") and f'outcome="{outcome}"' in k
         )
 
+    async def dataplane_metric(self, name: str) -> float:
+        """A dataplane metric summed over its labels (0 before its first sample)."""
+        m = await read_metrics(self.dataplane.url + "/metrics", self.session)
+        return m.get(name, 0.0)
+
     async def requests_total(self) -> float:
         """Chat requests received by every engine still running."""
         names = [n for n in self.engines if n not in self.killed]
@@ -192,7 +201,7 @@ async def failure_stack(work: Path) -> AsyncIterator[Stack]:
             victim=victim,
             silent=silent,
             scheduler=scheduler,
-            dataplane=await launcher.dataplane(scheduler),
+            dataplane=await launcher.dataplane(scheduler, *DATAPLANE_ARGS),
             session=session,
         )
         await s.until(

@@ -267,18 +267,38 @@ async def test_an_engine_503_reaches_the_client_unchanged_with_its_retry_after(
     assert await stack.dataplane_turns("failed") == failed + 1
 
 
-async def test_a_hosted_429_reaches_the_openai_client_with_its_retry_after(stack: Stack) -> None:
-    failed = await stack.dataplane_turns("failed")
+async def test_a_hosted_429_is_waited_out_and_the_openai_client_gets_the_reply(
+    stack: Stack,
+) -> None:
+    """The hosted engine takes one request per window (3 s): the second turn is refused with
+    its Retry-After, waited out by the dataplane and sent again; the client sees a reply."""
+    finished = await stack.dataplane_turns("finished")
+    waited = await stack.dataplane_metric("luftpause_dataplane_rate_limited_total")
     async with asyncio.timeout(30), stack.client(**{RUN: "rate-limited"}) as c:
-        first = await c.chat.completions.create(model=HOSTED, messages=HELLO, max_tokens=4)
-        assert first.choices[0].message.content
+        for _ in range(2):
+            reply = await c.chat.completions.create(model=HOSTED, messages=HELLO, max_tokens=4)
+            assert reply.choices[0].message.content
+    await stack.settled()
+    assert await stack.dataplane_turns("finished") == finished + 2
+    assert await stack.dataplane_metric("luftpause_dataplane_rate_limited_total") > waited
+
+
+async def test_a_429_that_outlasts_the_wait_reaches_the_openai_client_with_its_retry_after(
+    stack: Stack,
+) -> None:
+    """The simulator refuses every try (`x-sim-fail: 429`, Retry-After 1): after the 5 s the
+    dataplane may wait, the engine's own 429 reaches the client unchanged."""
+    failed = await stack.dataplane_turns("failed")
+    async with (
+        asyncio.timeout(30),
+        stack.client(**{RUN: "refused-429", "x-sim-fail": "429"}) as c,
+    ):
         with pytest.raises(openai.RateLimitError) as err:
-            await c.chat.completions.create(model=HOSTED, messages=HELLO, max_tokens=4)
+            await c.chat.completions.create(model=SIM_MODEL, messages=HELLO, max_tokens=4)
     response = err.value.response
     assert response.status_code == 429
-    assert int(response.headers["Retry-After"]) >= 1
-    assert response.headers["x-ratelimit-limit-requests"] == "1"
-    assert response.headers[RUN] == "rate-limited"
+    assert response.headers["Retry-After"] == "1"
+    assert response.headers[RUN] == "refused-429"
     assert response.json()["error"]["type"] == "rate_limit_exceeded"  # the engine's own body
     await stack.settled()
     assert await stack.dataplane_turns("failed") == failed + 1

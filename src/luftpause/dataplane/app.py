@@ -19,6 +19,7 @@ from luftpause.dataplane.context import (
     DATAPLANE,
     DEFAULT_MAX_BODY_BYTES,
     MODELS_HOLD_SECONDS,
+    RATE_LIMIT_WAIT_S,
     Dataplane,
 )
 from luftpause.dataplane.decide import decide
@@ -103,6 +104,7 @@ def build_app(
     local_placement: bool = True,
     config_models: Sequence[str] | None = None,
     models_hold_seconds: float = MODELS_HOLD_SECONDS,
+    rate_limit_wait_s: float = RATE_LIMIT_WAIT_S,
 ) -> web.Application:
     """The app; the link and the engine transport open on startup and close on cleanup.
 
@@ -131,6 +133,7 @@ def build_app(
             config_models=None if config_models is None else tuple(config_models),
             models_hold_seconds=models_hold_seconds,
             models_retry_seconds=reconnect_delay,
+            rate_limit_wait_s=rate_limit_wait_s,
         )
         app[DATAPLANE] = dp
         dp.metrics.watch_link(link)

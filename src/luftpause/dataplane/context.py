@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 # How long `GET /v1/models` waits for an unreachable scheduler when there is no endpoint file.
 MODELS_HOLD_SECONDS = 30.0
+# How long, in all, a turn an engine refused for its rate limit waits to be sent again.
+RATE_LIMIT_WAIT_S = 30.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,6 +58,8 @@ class Dataplane:
     # generative models; None without a file: the request waits for the scheduler instead).
     config_models: tuple[str, ...] | None = None
     models_hold_seconds: float = MODELS_HOLD_SECONDS
+    # How long a turn refused for its rate limit waits, in all, to be sent again (see `proxy`).
+    rate_limit_wait_s: float = RATE_LIMIT_WAIT_S
     models_retry_seconds: float = 1.0
     clock: Callable[[], float] = time.monotonic
     # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique

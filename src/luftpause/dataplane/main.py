@@ -19,7 +19,7 @@ from luftpause.common.config import Config, ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.dataplane.app import build_app, start_server
-from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES
+from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES, RATE_LIMIT_WAIT_S
 from luftpause.dataplane.workers import Supervisor
 
 # The names these options were read from before every option had its own variable.
@@ -65,8 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="dataplane processes sharing the port (SO_REUSEPORT), each with its own session "
         "to the scheduler: one per core to use (default 1)",
     )
+    parser.add_argument(
+        "--rate-limit-wait-s",
+        type=_seconds,
+        default=RATE_LIMIT_WAIT_S,
+        help="how long, in all, a turn an engine refused with 429 waits (its Retry-After, or "
+        "its rate-limit reset) to be sent again before the 429 goes to the client; 0 sends "
+        f"every 429 on at once (default {RATE_LIMIT_WAIT_S:g})",
+    )
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value <= 3600:
+        raise argparse.ArgumentTypeError("must be between 0 and 3600 seconds")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -107,6 +122,7 @@ async def serve(
         token=token,
         local_placement=args.local_placement,
         config_models=config_models,
+        rate_limit_wait_s=args.rate_limit_wait_s,
     )
     runner, port = await start_server(app, args.host, args.port, reuse_port=args.reuse_port)
     log.info(

@@ -19,6 +19,8 @@ collector, from a plain counter the proxy keeps and from the link:
     luftpause_dataplane_ratelimit_reset_timestamp_seconds{replica,budget}  gauge
     luftpause_dataplane_ratelimit_retry_after_seconds{replica}          gauge
     luftpause_dataplane_ratelimit_headers_malformed_total{replica}      counter
+    luftpause_dataplane_rate_limited_total{replica}                     counter
+    luftpause_dataplane_rate_limited_wait_seconds_total{replica}        counter
 
 The rate-limit gauges are each hosted replica's budget as its latest reply reported it
 (`luftpause.common.ratelimits`), with the reset as a Unix time.
@@ -196,6 +198,19 @@ class Metrics:
             ["replica"],
             registry=self.registry,
         )
+        self._limited = Counter(
+            "luftpause_dataplane_rate_limited",
+            "Turns an engine refused for its rate limit that the dataplane waited out and sent "
+            "again (the client saw no 429).",
+            ["replica"],
+            registry=self.registry,
+        )
+        self._limited_wait = Counter(
+            "luftpause_dataplane_rate_limited_wait_seconds",
+            "Seconds turns spent waiting out rate-limit refusals before being sent again.",
+            ["replica"],
+            registry=self.registry,
+        )
         self.registry.register(_StateCollector(self))
 
     def watch_link(self, link: LinkState) -> None:
@@ -229,6 +244,11 @@ class Metrics:
             self.readings[replica] = (reading, at)
         if reading.malformed:
             self._malformed.labels(replica).inc(len(reading.malformed))
+
+    def rate_limited(self, replica: str, wait_s: float) -> None:
+        """A refusal for `replica`'s rate limit, waited out for `wait_s` before sending again."""
+        self._limited.labels(replica).inc()
+        self._limited_wait.labels(replica).inc(wait_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

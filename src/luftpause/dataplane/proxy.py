@@ -26,7 +26,10 @@ from the engine's first body bytes arriving to their being sent on.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -210,12 +213,11 @@ async def _admit_and_proxy(
         waited += time.perf_counter() - preparing
     own = time.perf_counter() - arrived - waited
     try:
-        engine = await dp.transport.send(url, headers, body)
+        engine = await _send_waiting_out_limits(dp, replica_id, url, headers, body)
     except EngineUnreachable as exc:
         log.warning("engine unreachable", replica=replica_id, url=url, error=exc.message)
         turn.failed(f"engine unreachable: {exc.message}")
         return json_error(502, f"engine {replica_id}: {exc.message}", run_id=turn.run_id)
-    _read_rate_limits(dp, replica_id, engine)
     try:
         if not 200 <= engine.status < 300:
             return await _relay_refusal(turn, engine)
@@ -230,15 +232,59 @@ async def _admit_and_proxy(
         engine.close()
 
 
-def _read_rate_limits(dp: Dataplane, replica_id: str, engine: EngineResponse) -> None:
+async def _send_waiting_out_limits(
+    dp: Dataplane, replica_id: str, url: str, headers: Mapping[str, str], body: bytes
+) -> EngineResponse:
+    """Send the turn; while the engine refuses it for its rate limit (429) and waiting as long
+    as it says fits in `dp.rate_limit_wait_s` in all, wait and send it again. Nothing has gone
+    to the client yet, so it sees a later reply, not the 429; the turn keeps its place at the
+    scheduler meanwhile. A 429 that cannot be waited out in time goes to the client unchanged,
+    Retry-After and all."""
+    deadline = time.monotonic() + dp.rate_limit_wait_s
+    for attempt in itertools.count():
+        engine = await dp.transport.send(url, headers, body)
+        reading = _read_rate_limits(dp, replica_id, engine)
+        wait = refusal_wait(engine.status, reading, attempt)
+        if wait is None or time.monotonic() + wait > deadline:
+            return engine
+        engine.close()
+        dp.metrics.rate_limited(replica_id, wait)
+        log.info("rate limited, waiting it out", replica=replica_id, wait_s=round(wait, 3))
+        await asyncio.sleep(wait)
+    raise AssertionError("unreachable")
+
+
+def refusal_wait(status: int, reading: ratelimits.Reading | None, attempt: int) -> float | None:
+    """How long to wait before sending again a turn refused with `status`; None unless it was
+    refused for its rate limit (429). The engine's Retry-After, else the latest reset of a
+    spent budget, else 0.5 s doubling per attempt (at most 8 s)."""
+    if status != 429:
+        return None
+    if reading is not None and reading.retry_after_s is not None:
+        return reading.retry_after_s
+    if reading is not None:
+        spent = [
+            b.reset_s
+            for b in reading.budgets.values()
+            if b.remaining == 0 and b.reset_s is not None
+        ]
+        if spent:
+            return max(spent)
+    return min(0.5 * 2**attempt, 8.0)
+
+
+def _read_rate_limits(
+    dp: Dataplane, replica_id: str, engine: EngineResponse
+) -> ratelimits.Reading | None:
     """Keep what a hosted replica's reply says of its rate limits (for /metrics)."""
     now = time.time()
     reading = ratelimits.read(engine.headers, now)
     if reading is None:
-        return
+        return None
     if reading.malformed:
         log.warning("unreadable rate-limit headers", replica=replica_id, headers=reading.malformed)
     dp.metrics.rate_limits(replica_id, reading, now)
+    return reading
 
 
 async def _relay_refusal(turn: Turn, engine: EngineResponse) -> web.Response:
