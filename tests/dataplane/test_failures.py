@@ -214,3 +214,18 @@ async def test_engine_breaking_mid_stream_cuts_the_client_off_without_done(stack
         events = await stack.turn_events(turn_id, 3)
     assert cut_off and received == b"".join(sent)
     assert events == ["started", "first_token", "failed"]
+
+
+def test_how_long_a_refusal_is_waited_out() -> None:
+    from luftpause.common.ratelimits import Budget, Reading
+    from luftpause.dataplane.proxy import refusal_wait
+
+    spent = Reading(budgets={"tokens": Budget(remaining=0, reset_s=4.0)})
+    left = Reading(budgets={"tokens": Budget(remaining=10, reset_s=9.0)})
+    assert refusal_wait(200, None, 0) is None
+    assert refusal_wait(503, Reading(retry_after_s=1.0), 0) is None  # not a rate limit
+    assert refusal_wait(429, Reading(retry_after_s=3.0), 0) == 3.0
+    assert refusal_wait(429, Reading(retry_after_s=0.0), 0) == 0.1  # never a tight loop
+    assert refusal_wait(429, spent, 0) == 4.0
+    assert [refusal_wait(429, left, n) for n in range(6)] == [0.5, 1.0, 2.0, 4.0, 8.0, 8.0]
+    assert refusal_wait(429, None, 1) == 1.0

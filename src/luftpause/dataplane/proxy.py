@@ -254,6 +254,10 @@ async def _send_waiting_out_limits(
     raise AssertionError("unreachable")
 
 
+# An engine that says "retry now" (Retry-After: 0) is not asked again sooner than this.
+_MIN_WAIT_S = 0.1
+
+
 def refusal_wait(status: int, reading: ratelimits.Reading | None, attempt: int) -> float | None:
     """How long to wait before sending again a turn refused with `status`; None unless it was
     refused for its rate limit (429). The engine's Retry-After, else the latest reset of a
@@ -261,7 +265,7 @@ def refusal_wait(status: int, reading: ratelimits.Reading | None, attempt: int) 
     if status != 429:
         return None
     if reading is not None and reading.retry_after_s is not None:
-        return reading.retry_after_s
+        return max(reading.retry_after_s, _MIN_WAIT_S)
     if reading is not None:
         spent = [
             b.reset_s
@@ -269,7 +273,7 @@ def refusal_wait(status: int, reading: ratelimits.Reading | None, attempt: int) 
             if b.remaining == 0 and b.reset_s is not None
         ]
         if spent:
-            return max(spent)
+            return max(*spent, _MIN_WAIT_S)
     return min(0.5 * 2**attempt, 8.0)
 
 
