@@ -8,6 +8,8 @@ import json
 import aiohttp
 from aiohttp import web
 
+from luftpause.common.ratelimits import Budget, Reading
+from luftpause.dataplane.proxy import refusal_wait
 from luftpause.dataplane.runs import Phase
 from tests.dataplane.conftest import Stack, closed_port
 from tests.dataplane.fakes import MODEL, delta_chunk, sse
@@ -217,9 +219,6 @@ async def test_engine_breaking_mid_stream_cuts_the_client_off_without_done(stack
 
 
 def test_how_long_a_refusal_is_waited_out() -> None:
-    from luftpause.common.ratelimits import Budget, Reading
-    from luftpause.dataplane.proxy import refusal_wait
-
     spent = Reading(budgets={"tokens": Budget(remaining=0, reset_s=4.0)})
     left = Reading(budgets={"tokens": Budget(remaining=10, reset_s=9.0)})
     assert refusal_wait(200, None, 0) is None
