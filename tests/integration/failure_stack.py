@@ -23,17 +23,14 @@ from luftpause.testkit.engine.server import make_app
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import (
     SIM_MODEL,
-    WAIT_SECONDS,
     Dataplane,
     Endpoint,
     Launcher,
     Scheduler,
-    local_url,
-    read_metrics,
-    until_status,
     write_endpoints,
 )
 from luftpause.testkit.status import fetch_status
+from luftpause.testkit.waits import WAIT_SECONDS, local_url, read_metrics, until_status
 
 RUN = "x-luftpause-run-id"
 CAPPED, HOSTED, DOOMED, FLAKY, SILENT = "capped", "hosted", "doomed", "flaky", "silent"

@@ -19,8 +19,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc
-from luftpause.testkit.stack import Launcher, eventually, write_endpoints
+from luftpause.testkit.stack import Launcher, write_endpoints
 from luftpause.testkit.status import fetch_status
+from luftpause.testkit.waits import eventually
 
 MODEL = "worker-model"
 WORKERS = {"dp-0", "dp-1"}

@@ -16,14 +16,9 @@ import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
 
-from luftpause.testkit.stack import (
-    SIM_MODEL,
-    WAIT_SECONDS,
-    Dataplane,
-    LocalStack,
-    read_metrics,
-)
+from luftpause.testkit.stack import SIM_MODEL, Dataplane, LocalStack
 from luftpause.testkit.status import fetch_status
+from luftpause.testkit.waits import WAIT_SECONDS, read_metrics
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 GRACE_S = 2.0

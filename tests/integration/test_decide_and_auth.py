@@ -18,7 +18,8 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from luftpause.testkit.stack import Launcher, until_status, write_endpoints
+from luftpause.testkit.stack import Launcher, write_endpoints
+from luftpause.testkit.waits import until_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -32,7 +32,8 @@ import pytest
 import pytest_asyncio
 
 from luftpause.testkit.engine import wire
-from luftpause.testkit.stack import SIM_MODEL, WAIT_SECONDS, eventually
+from luftpause.testkit.stack import SIM_MODEL
+from luftpause.testkit.waits import WAIT_SECONDS, eventually
 from tests.integration.failure_stack import (
     CAPPED,
     DOOMED,

@@ -28,15 +28,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from openai import AsyncOpenAI
 
 from luftpause.scheduler.engine_load import Load, parse_load
-from luftpause.testkit.stack import (
-    Launcher,
-    Scheduler,
-    eventually,
-    read_metrics,
-    until_status,
-    write_endpoints,
-)
+from luftpause.testkit.stack import Launcher, Scheduler, write_endpoints
 from luftpause.testkit.status import fetch_status
+from luftpause.testkit.waits import eventually, read_metrics, until_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

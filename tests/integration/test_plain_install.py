@@ -21,7 +21,8 @@ import aiohttp
 import pytest
 
 from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import Endpoint, eventually, write_endpoints
+from luftpause.testkit.stack import Endpoint, write_endpoints
+from luftpause.testkit.waits import eventually
 
 # pip may download the dependencies when its cache is cold.
 pytestmark = pytest.mark.timeout(360)

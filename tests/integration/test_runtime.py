@@ -22,7 +22,8 @@ import pytest_asyncio
 from mcp import Client
 
 from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import READY_SECONDS, LocalStack, eventually
+from luftpause.testkit.stack import LocalStack
+from luftpause.testkit.waits import READY_SECONDS, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -32,16 +32,9 @@ from aiohttp import web
 from mcp import Client
 
 from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import (
-    WAIT_SECONDS,
-    Endpoint,
-    Launcher,
-    eventually,
-    local_url,
-    until_status,
-    write_endpoints,
-)
+from luftpause.testkit.stack import Endpoint, Launcher, write_endpoints
 from luftpause.testkit.status import fetch_status
+from luftpause.testkit.waits import WAIT_SECONDS, eventually, local_url, until_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -18,7 +18,8 @@ import pytest
 from aiohttp import web
 
 from luftpause.testkit.procs import free_port
-from luftpause.testkit.stack import WAIT_SECONDS, Launcher, eventually, local_url
+from luftpause.testkit.stack import Launcher
+from luftpause.testkit.waits import WAIT_SECONDS, eventually, local_url
 
 TOKEN = "tok-" + "r" * 24
 

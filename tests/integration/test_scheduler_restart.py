@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from openai import AsyncOpenAI
 
-from luftpause.testkit.stack import SIM_MODEL, LocalStack, eventually, read_metrics
+from luftpause.testkit.stack import SIM_MODEL, LocalStack
+from luftpause.testkit.waits import eventually, read_metrics
 
 AGENTS = 40
 TOOLS: list[Any] = [

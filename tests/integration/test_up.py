@@ -13,7 +13,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc, free_port, free_ports_in_a_row
-from luftpause.testkit.stack import READY_SECONDS, eventually
+from luftpause.testkit.waits import READY_SECONDS, eventually
 from luftpause.up import front, parse_args, plan
 
 

@@ -18,7 +18,8 @@ import pytest
 from openai import AsyncOpenAI
 
 from luftpause.testkit.procs import Proc, free_port
-from luftpause.testkit.stack import Launcher, eventually, read_metrics, write_endpoints
+from luftpause.testkit.stack import Launcher, write_endpoints
+from luftpause.testkit.waits import eventually, read_metrics
 
 MODEL = "demo-model"
 

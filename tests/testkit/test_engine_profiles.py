@@ -15,7 +15,7 @@ from luftpause.testkit.engine.params import (
     SimParams,
 )
 from luftpause.testkit.engine.server import serve
-from luftpause.testkit.stack import read_metrics
+from luftpause.testkit.waits import read_metrics
 
 
 def test_cpu_is_the_calibrated_default() -> None:
