@@ -19,6 +19,7 @@ from typing import Any
 from bench.common import RESULTS
 from bench.matrix_report import matrix_table
 from bench.matrix_report import plot as plot_matrix
+from bench.scheduler_core import comparison_section
 
 # Flood results and their titles, in report order.
 FLOODS = {
@@ -367,38 +368,8 @@ def render(floods: dict[str, dict[str, Any]]) -> str:
             ]
     core = RESULTS / "scheduler_core_against.json"
     if core.exists():
-        parts.append(core_section(json.loads(core.read_text())))
+        parts.append(comparison_section(json.loads(core.read_text())))
     return "\n".join(parts)
-
-
-def _rate(arm: dict[str, Any]) -> str:
-    return f"{arm['events_per_s']:,} ({arm['events_per_s_min']:,}..{arm['events_per_s_max']:,})"
-
-
-def core_section(data: dict[str, Any]) -> str:
-    """The decision core against an earlier commit, trials alternated in fresh processes."""
-    rows = [
-        "| engines | live runs | this commit, events/s | earlier commit, events/s | ratio |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for comparison in data["comparison"]:
-        for row in comparison["rows"]:
-            engines = "saturated" if row["saturated"] else "with room"
-            new, old = _rate(row["new"]), _rate(row["old"])
-            rows.append(f"| {engines} | {row['runs']:,} | {new} | {old} | {row['ratio']}x |")
-    against = ", ".join(c["against"][:10] for c in data["comparison"])
-    return "\n".join(
-        [
-            "## Scheduler decision core, against an earlier commit",
-            "",
-            f"`python -m bench.scheduler_core --against {against}`: `decide()` alone on one core, "
-            f"{data['replicas']} replicas, {data['events']:,} events per trial, {data['repeats']} "
-            "trials per arm, the two commits alternated in fresh processes; median (min..max).",
-            "",
-            *rows,
-            "",
-        ]
-    )
 
 
 def main() -> None:

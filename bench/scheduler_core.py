@@ -231,6 +231,36 @@ def compare(ref: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     return [{"against": sha, "rows": rows}]
 
 
+def _rate(arm: dict[str, Any]) -> str:
+    return f"{arm['events_per_s']:,} ({arm['events_per_s_min']:,}..{arm['events_per_s_max']:,})"
+
+
+def comparison_section(data: dict[str, Any]) -> str:
+    """The decision core against an earlier commit, trials alternated in fresh processes."""
+    rows = [
+        "| engines | live runs | this commit, events/s | earlier commit, events/s | ratio |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for comparison in data["comparison"]:
+        for row in comparison["rows"]:
+            engines = "saturated" if row["saturated"] else "with room"
+            new, old = _rate(row["new"]), _rate(row["old"])
+            rows.append(f"| {engines} | {row['runs']:,} | {new} | {old} | {row['ratio']}x |")
+    against = ", ".join(c["against"][:10] for c in data["comparison"])
+    return "\n".join(
+        [
+            "## Scheduler decision core, against an earlier commit",
+            "",
+            f"`python -m bench.scheduler_core --against {against}`: `decide()` alone on one core, "
+            f"{data['replicas']} replicas, {data['events']:,} events per trial, {data['repeats']} "
+            "trials per arm, the two commits alternated in fresh processes; median (min..max).",
+            "",
+            *rows,
+            "",
+        ]
+    )
+
+
 def resync_cost(runs: int) -> dict[str, Any]:
     """One dataplane reporting `runs` runs (a fifth of them with a turn in flight)."""
     state = pool()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.report import RESULTS, load_floods, render
+from bench.scheduler_core import comparison_section
 
 
 def test_results_markdown_is_fresh() -> None:
@@ -10,9 +11,7 @@ def test_results_markdown_is_fresh() -> None:
     assert render(load_floods()) == committed, "stale: run `python -m bench.report`"
 
 
-def test_the_core_section_shows_both_commits_and_their_ratio() -> None:
-    from bench.report import core_section
-
+def test_the_core_comparison_shows_both_commits_and_their_ratio() -> None:
     arm = {"events_per_s": 20000, "events_per_s_min": 19000, "events_per_s_max": 21000}
     old = {"events_per_s": 10000, "events_per_s_min": 9000, "events_per_s_max": 11000}
     data = {
@@ -26,7 +25,7 @@ def test_the_core_section_shows_both_commits_and_their_ratio() -> None:
             }
         ],
     }
-    text = core_section(data)
+    text = comparison_section(data)
     assert "--against 0123456789`" in text
     assert (
         "| saturated | 10,000 | 20,000 (19,000..21,000) | 10,000 (9,000..11,000) | 2.0x |" in text
