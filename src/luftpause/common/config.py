@@ -20,6 +20,7 @@ File format (YAML, or TOML by extension)::
         slot_saves: 8                # contexts saved on the engine's disk (optional, see below)
         kv_tokens: 200000            # the engine's KV pool in tokens (optional, see below)
         max_running: 256             # the most requests it runs at once (optional, see below)
+        limits: {tpm: 200000}        # a hosted API's rate limits (optional, `common.limits`)
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -127,6 +128,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from luftpause.common.limits import Limits, LimitsError, parse_limits
+
 
 class ConfigError(ValueError):
     """The endpoint configuration is invalid; the message says where."""
@@ -168,6 +171,8 @@ class Endpoint:
     kv_tokens: int = 0
     # The most requests the engine runs at once; 0: ask the engine (SGLang's /server_info).
     max_running: int = 0
+    # A hosted API's stated rate limits (`common.limits`); None: learned from its replies.
+    limits: Limits | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -294,6 +299,7 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "slot_saves",
         "kv_tokens",
         "max_running",
+        "limits",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -315,7 +321,15 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         slot_saves=_count(raw.get("slot_saves", 0), f"{where}.slot_saves"),
         kv_tokens=_count(raw.get("kv_tokens", 0), f"{where}.kv_tokens"),
         max_running=_count(raw.get("max_running", 0), f"{where}.max_running"),
+        limits=_limits(raw.get("limits"), f"{where}.limits"),
     )
+
+
+def _limits(value: Any, where: str) -> Limits | None:
+    try:
+        return parse_limits(value, where)
+    except LimitsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _count(value: Any, where: str) -> int:

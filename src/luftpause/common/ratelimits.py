@@ -112,8 +112,15 @@ def parse_rfc3339(text: str, now: float) -> float | None:
     return max(when.timestamp() - now, 0.0)
 
 
-def read(headers: Mapping[str, str], now: float) -> Reading | None:
-    """The rate-limit reading in a reply's headers (case-insensitive mapping), if any."""
+def read(
+    headers: Mapping[str, str], now: float, names: Mapping[str, str] | None = None
+) -> Reading | None:
+    """The rate-limit reading in a reply's headers (case-insensitive mapping), if any.
+
+    `names` renames headers for a provider that calls them otherwise: the standard name (as
+    above, lower case) -> the provider's name for it (endpoint `limits.headers`)."""
+    if names:
+        headers = renamed(headers, names)
     if not any(name in headers for name in _MARKERS):
         return None
     malformed: list[str] = []
@@ -148,6 +155,16 @@ def read(headers: Mapping[str, str], now: float) -> Reading | None:
     if not budgets and retry_after is None and not malformed:
         return None
     return Reading(budgets=budgets, retry_after_s=retry_after, malformed=tuple(malformed))
+
+
+def renamed(headers: Mapping[str, str], names: Mapping[str, str]) -> dict[str, str]:
+    """`headers` (lower-cased) with each provider's name in `names` read as the standard one."""
+    plain = {k.lower(): v for k, v in headers.items()}
+    for standard, theirs in names.items():
+        value = plain.get(theirs)
+        if value is not None:
+            plain[standard] = value
+    return plain
 
 
 def _budget(

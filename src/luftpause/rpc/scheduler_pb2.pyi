@@ -28,7 +28,7 @@ RUN_PHASE_GENERATING: RunPhase
 RUN_PHASE_TOOL_PAUSED: RunPhase
 
 class AdmitRequest(_message.Message):
-    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes", "opening", "traceparent")
+    __slots__ = ("turn_id", "run_id", "model", "service_class", "caller", "dataplane_id", "single_pass", "placed_replica_id", "prompt_bytes", "opening", "traceparent", "max_tokens", "key")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,8 @@ class AdmitRequest(_message.Message):
     PROMPT_BYTES_FIELD_NUMBER: _ClassVar[int]
     OPENING_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     run_id: str
     model: str
@@ -51,7 +53,45 @@ class AdmitRequest(_message.Message):
     prompt_bytes: int
     opening: _containers.RepeatedCompositeFieldContainer[OpeningKey]
     traceparent: str
-    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ..., opening: _Optional[_Iterable[_Union[OpeningKey, _Mapping]]] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    max_tokens: int
+    key: KeyBudget
+    def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ..., dataplane_id: _Optional[str] = ..., single_pass: _Optional[bool] = ..., placed_replica_id: _Optional[str] = ..., prompt_bytes: _Optional[int] = ..., opening: _Optional[_Iterable[_Union[OpeningKey, _Mapping]]] = ..., traceparent: _Optional[str] = ..., max_tokens: _Optional[int] = ..., key: _Optional[_Union[KeyBudget, _Mapping]] = ...) -> None: ...
+
+class KeyBudget(_message.Message):
+    __slots__ = ("name", "tokens_per_minute", "requests_per_minute", "daily_tokens")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    DAILY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    tokens_per_minute: int
+    requests_per_minute: int
+    daily_tokens: int
+    def __init__(self, name: _Optional[str] = ..., tokens_per_minute: _Optional[int] = ..., requests_per_minute: _Optional[int] = ..., daily_tokens: _Optional[int] = ...) -> None: ...
+
+class RateLimitBudget(_message.Message):
+    __slots__ = ("name", "limit", "remaining", "reset_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    REMAINING_FIELD_NUMBER: _ClassVar[int]
+    RESET_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    limit: int
+    remaining: int
+    reset_seconds: float
+    def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., remaining: _Optional[int] = ..., reset_seconds: _Optional[float] = ...) -> None: ...
+
+class RateLimitReading(_message.Message):
+    __slots__ = ("budgets", "retry_after_seconds", "age_ms", "refused")
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    budgets: _containers.RepeatedCompositeFieldContainer[RateLimitBudget]
+    retry_after_seconds: float
+    age_ms: float
+    refused: bool
+    def __init__(self, budgets: _Optional[_Iterable[_Union[RateLimitBudget, _Mapping]]] = ..., retry_after_seconds: _Optional[float] = ..., age_ms: _Optional[float] = ..., refused: _Optional[bool] = ...) -> None: ...
 
 class OpeningKey(_message.Message):
     __slots__ = ("hash", "bytes")
@@ -100,20 +140,24 @@ class FirstToken(_message.Message):
     def __init__(self) -> None: ...
 
 class TurnFinished(_message.Message):
-    __slots__ = ("usage", "finish_reason", "tool_calls")
+    __slots__ = ("usage", "finish_reason", "tool_calls", "rate_limits")
     USAGE_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     usage: Usage
     finish_reason: str
     tool_calls: bool
-    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ...) -> None: ...
+    rate_limits: RateLimitReading
+    def __init__(self, usage: _Optional[_Union[Usage, _Mapping]] = ..., finish_reason: _Optional[str] = ..., tool_calls: _Optional[bool] = ..., rate_limits: _Optional[_Union[RateLimitReading, _Mapping]] = ...) -> None: ...
 
 class TurnFailed(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "rate_limits")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITS_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    rate_limits: RateLimitReading
+    def __init__(self, reason: _Optional[str] = ..., rate_limits: _Optional[_Union[RateLimitReading, _Mapping]] = ...) -> None: ...
 
 class TurnAbandoned(_message.Message):
     __slots__ = ()
@@ -168,12 +212,14 @@ class Placement(_message.Message):
     def __init__(self, turn_id: _Optional[str] = ..., placed: _Optional[_Union[AdmitReply, _Mapping]] = ..., refused: _Optional[_Union[Refusal, _Mapping]] = ...) -> None: ...
 
 class Refusal(_message.Message):
-    __slots__ = ("code", "message")
+    __slots__ = ("code", "message", "retry_after_seconds")
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     code: int
     message: str
-    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    retry_after_seconds: float
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
 
 class OpenReplica(_message.Message):
     __slots__ = ("replica_id", "replica_url", "models", "interactive_priority", "batch_priority")
@@ -343,14 +389,60 @@ class RunCount(_message.Message):
     count: int
     def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
+class BudgetDimension(_message.Message):
+    __slots__ = ("name", "limit", "available", "reserved", "refill_seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AVAILABLE_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_FIELD_NUMBER: _ClassVar[int]
+    REFILL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    limit: int
+    available: float
+    reserved: int
+    refill_seconds: float
+    def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., available: _Optional[float] = ..., reserved: _Optional[int] = ..., refill_seconds: _Optional[float] = ...) -> None: ...
+
+class BudgetStatus(_message.Message):
+    __slots__ = ("id", "kind", "replica_ids", "regime", "k", "cooldown_seconds", "dimensions", "held", "in_flight", "reading_age_seconds", "next_fit_seconds", "refused", "provider_429s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    REGIME_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    COOLDOWN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    READING_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_429S_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: str
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    regime: str
+    k: float
+    cooldown_seconds: float
+    dimensions: _containers.RepeatedCompositeFieldContainer[BudgetDimension]
+    held: int
+    in_flight: int
+    reading_age_seconds: float
+    next_fit_seconds: float
+    refused: int
+    provider_429s: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., regime: _Optional[str] = ..., k: _Optional[float] = ..., cooldown_seconds: _Optional[float] = ..., dimensions: _Optional[_Iterable[_Union[BudgetDimension, _Mapping]]] = ..., held: _Optional[int] = ..., in_flight: _Optional[int] = ..., reading_age_seconds: _Optional[float] = ..., next_fit_seconds: _Optional[float] = ..., refused: _Optional[int] = ..., provider_429s: _Optional[int] = ...) -> None: ...
+
 class StatusReply(_message.Message):
-    __slots__ = ("replicas", "held", "runs", "turns_in_flight")
+    __slots__ = ("replicas", "held", "runs", "turns_in_flight", "budgets")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
     held: _containers.RepeatedCompositeFieldContainer[HeldGroup]
     runs: _containers.RepeatedCompositeFieldContainer[RunCount]
     turns_in_flight: int
-    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldGroup, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[RunCount, _Mapping]]] = ..., turns_in_flight: _Optional[int] = ...) -> None: ...
+    budgets: _containers.RepeatedCompositeFieldContainer[BudgetStatus]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldGroup, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[RunCount, _Mapping]]] = ..., turns_in_flight: _Optional[int] = ..., budgets: _Optional[_Iterable[_Union[BudgetStatus, _Mapping]]] = ...) -> None: ...

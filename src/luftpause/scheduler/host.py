@@ -24,6 +24,7 @@ from luftpause.scheduler.core.events import (
     Reject,
     RunExpired,
     RunTaken,
+    Tick,
     TurnAbandoned,
     TurnExpired,
 )
@@ -46,7 +47,14 @@ class SchedulerError(Exception):
 
 
 class TurnRejected(SchedulerError):
+    """Refused: an unknown model, or (`rate_limited`) a turn no rate-limit window can take."""
+
     code = "unknown_model"
+
+    def __init__(self, message: str, *, rate_limited: bool = False, retry_after_s: float = 0.0):
+        super().__init__(message)
+        self.rate_limited = rate_limited
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(slots=True)
@@ -71,12 +79,14 @@ class SchedulerHost:
         )
         self.clock = clock
         self.metrics = metrics or SchedulerMetrics()
-        self.metrics.bind(lambda: self.state)
+        self.metrics.bind(lambda: self.state, clock)
         self._waiters: dict[str, _Waiters] = {}
         self._open_version = self.state.open_version
         self._open_listeners: list[Callable[[State], None]] = []
         self._taken_listeners: list[Callable[[RunTaken], None]] = []
         self._watchers: set[asyncio.Event] = set()
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = -1.0
 
     def now(self) -> float:
         return self.clock()
@@ -109,7 +119,28 @@ class SchedulerHost:
                 listener(self.state)
         for changed in self._watchers:
             changed.set()
+        if self.state.wake_at != self._wake_at:
+            self._schedule_wake(self.state.wake_at)
         return actions
+
+    def _schedule_wake(self, at: float) -> None:
+        """Tick when a turn held for a rate-limit window fits by refill (`State.wake_at`)."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        self._wake_at = at
+        if at < 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # applied outside a loop (tests): the 1 s tick still comes
+        self._wake = loop.call_later(max(at - self.now(), 0.0) + 0.001, self._woken)
+
+    def _woken(self) -> None:
+        self._wake = None
+        self._wake_at = -1.0
+        self.apply(Tick(at=self.now()))
 
     def _act(self, action: Action) -> None:
         match action:
@@ -119,9 +150,18 @@ class SchedulerHost:
                     if not fut.done():
                         fut.set_result(action)
             case Reject():
+                limited = action.code == "rate_limited"
+                if limited:
+                    self.metrics.refused_for_budget.inc()
                 for fut in self._waiters.pop(action.turn_id, _Waiters()).futures:
                     if not fut.done():
-                        fut.set_exception(TurnRejected(action.message))
+                        fut.set_exception(
+                            TurnRejected(
+                                action.message,
+                                rate_limited=limited,
+                                retry_after_s=action.retry_after_s,
+                            )
+                        )
             case TurnExpired():
                 log.warning("turn expired", turn_id=action.turn_id, replica=action.replica_id)
                 self.metrics.turn_expired()
@@ -151,6 +191,7 @@ class SchedulerHost:
             if waiters.futures:
                 return  # another admission of the same turn is still waiting
             del self._waiters[turn_id]
-        if turn_id in self.state.held or turn_id in self.state.turns:
+        state = self.state
+        if turn_id in state.held or turn_id in state.budget_held or turn_id in state.turns:
             self.metrics.abandoned(self.state, turn_id)
             self.apply(TurnAbandoned(at=self.now(), turn_id=turn_id))

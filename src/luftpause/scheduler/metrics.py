@@ -8,12 +8,14 @@ nothing for them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from luftpause.scheduler.core.budget_status import budgets_view
 from luftpause.scheduler.core.events import Place
 from luftpause.scheduler.core.state import State
 
@@ -67,6 +69,62 @@ class _StateCollector(Collector):
         for (phase, cls), n in sorted(by.items()):
             runs.add_metric([phase, cls], n)
         yield from (held, runs)
+        yield from _budgets(state, self._metrics.clock())
+
+
+def _budgets(state: State, now: float) -> Iterator[Metric]:
+    """Each rate-limit window's budgets (see `core.budget_status`)."""
+    labels = ["window", "kind", "dimension"]
+    limit = GaugeMetricFamily(
+        "luftpause_budget_limit", "A rate-limit budget per window (minute or day)", labels=labels
+    )
+    available = GaugeMetricFamily(
+        "luftpause_budget_available",
+        "What the budget has now, refills included, before reservations",
+        labels=labels,
+    )
+    reserved = GaugeMetricFamily(
+        "luftpause_budget_reserved",
+        "Reserved by admitted turns and not yet counted by the provider",
+        labels=labels,
+    )
+    refill = GaugeMetricFamily(
+        "luftpause_budget_refill_seconds",
+        "Seconds until the budget next refills (fixed) or is full (continuous)",
+        labels=labels,
+    )
+    per_window = ["window", "kind"]
+    k = GaugeMetricFamily(
+        "luftpause_budget_k", "Safety factor on predicted replies", labels=per_window
+    )
+    cooldown = GaugeMetricFamily(
+        "luftpause_budget_cooldown_seconds", "Cooldown left after a 429", labels=per_window
+    )
+    held = GaugeMetricFamily(
+        "luftpause_budget_held_turns", "Turns held for the window", labels=per_window
+    )
+    refused = GaugeMetricFamily(
+        "luftpause_budget_refused", "Turns refused as bigger than the window", labels=per_window
+    )
+    provider = GaugeMetricFamily(
+        "luftpause_budget_provider_429s", "429s the provider sent", labels=per_window
+    )
+    for b in budgets_view(state, now):
+        ids = [b["id"], b["kind"]]
+        k.add_metric(ids, b["k"])
+        cooldown.add_metric(ids, b["cooldown_s"])
+        held.add_metric(ids, b["held"])
+        refused.add_metric(ids, b["refused"])
+        provider.add_metric(ids, b["provider_429s"])
+        for dim in b["dimensions"]:
+            at = [*ids, dim["name"]]
+            limit.add_metric(at, dim["limit"])
+            if dim["available"] is not None:
+                available.add_metric(at, dim["available"])
+            reserved.add_metric(at, dim["reserved"])
+            if dim["refill_s"] >= 0:
+                refill.add_metric(at, dim["refill_s"])
+    yield from (limit, available, reserved, refill, k, cooldown, held, refused, provider)
 
 
 def _pool(state: State) -> Iterator[Metric]:
@@ -122,6 +180,12 @@ class SchedulerMetrics:
         self.registry = CollectorRegistry()
         # Reads the current state at scrape time (`bind`); None until bound.
         self.state: Callable[[], State] | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        self.refused_for_budget = Counter(
+            "luftpause_turns_refused_for_budget",
+            "Turns refused at once: bigger than every rate-limit window, or a key's day spent",
+            registry=self.registry,
+        )
         self.admitted = Counter(
             "luftpause_turns_admitted",
             "Turns placed on a replica",
@@ -165,9 +229,11 @@ class SchedulerMetrics:
         )
         self.registry.register(_StateCollector(self))
 
-    def bind(self, state: Callable[[], State]) -> None:
-        """Read the state's gauges through `state()` at every scrape."""
+    def bind(self, state: Callable[[], State], clock: Callable[[], float] | None = None) -> None:
+        """Read the state's gauges through `state()` (at `clock()`) at every scrape."""
         self.state = state
+        if clock is not None:
+            self.clock = clock
 
     def placed(self, action: Place, state: State) -> None:
         turn = state.turns.get(action.turn_id)
@@ -178,7 +244,7 @@ class SchedulerMetrics:
             self.held_turns.labels(cls).inc()
 
     def abandoned(self, state: State, turn_id: str) -> None:
-        turn = state.turns.get(turn_id) or state.held.get(turn_id)
+        turn = state.turns.get(turn_id) or state.held.get(turn_id) or state.budget_held.get(turn_id)
         if turn is not None:
             self.failed.labels(str(turn.service_class)).inc()
 

@@ -114,7 +114,7 @@ class _Session:
         if turn_id in self._waiting:
             return  # sent twice on this stream; the first admission still waits
         host = self._host
-        admit = wire.admit_event(request, host.now())
+        admit = wire.admit_event(request, host.now(), time.time())
         if admit.placed_on:
             host.metrics.placed_by_dataplane.inc()
             host.apply(admit)
@@ -140,10 +140,12 @@ class _Session:
             spans.placed(span, fut.result())
         elif span is not None:
             spans.refused(span, str(exc))
+        if isinstance(exc, TurnRejected):
+            code, retry_after = _refusal_code(exc)
+            self._out.put_nowait(wire.refusal(turn_id, code.value[0], str(exc), retry_after))
+            return
         if exc is not None:
-            rejected = isinstance(exc, TurnRejected)
-            code = grpc.StatusCode.NOT_FOUND if rejected else grpc.StatusCode.INTERNAL
-            self._refuse(turn_id, code, str(exc))
+            self._refuse(turn_id, grpc.StatusCode.INTERNAL, str(exc))
             return
         self._host.metrics.admit_seconds.observe(time.perf_counter() - started)
         self._out.put_nowait(wire.placement(fut.result()))
@@ -212,7 +214,7 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         if wire.missing_fields(request):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, wire.MISSING_FIELDS)
         host = self.host
-        admit = wire.admit_event(request, host.now())
+        admit = wire.admit_event(request, host.now(), time.time())
         span = None
         if tracing.enabled():
             span = spans.start(admit, request.traceparent or traceparent_of(context))
@@ -225,7 +227,10 @@ class SchedulerService(pb_grpc.SchedulerServicer):
         except TurnRejected as exc:
             if span is not None:
                 spans.refused(span, str(exc))
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            code, retry_after = _refusal_code(exc)
+            if retry_after:
+                await context.send_initial_metadata((("retry-after", f"{retry_after:.3f}"),))
+            await context.abort(code, str(exc))
         except asyncio.CancelledError:
             if span is not None:
                 spans.abandoned(span)
@@ -300,3 +305,10 @@ def serve_on(server: grpc.aio.Server, host: SchedulerHost) -> SchedulerService:
     service = SchedulerService(host)
     pb_grpc.add_SchedulerServicer_to_server(service, server)
     return service
+
+
+def _refusal_code(exc: TurnRejected) -> tuple[grpc.StatusCode, float]:
+    """The gRPC status of a refused admission, and its Retry-After in seconds (0: none)."""
+    if exc.rate_limited:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, exc.retry_after_s
+    return grpc.StatusCode.NOT_FOUND, 0.0

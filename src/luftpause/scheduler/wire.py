@@ -8,6 +8,7 @@ default: an interactive class, an idle phase.
 
 from __future__ import annotations
 
+from luftpause.common import ratelimits
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.scheduler.core import events as e
 from luftpause.scheduler.core import model as m
@@ -44,8 +45,18 @@ def missing_fields(request: pb.AdmitRequest) -> bool:
     return not request.turn_id or not request.model or not (request.run_id or request.single_pass)
 
 
-def admit_event(request: pb.AdmitRequest, at: float) -> e.Admit:
-    """The core event for one admission (or, with `placed_replica_id`, a turn placed already)."""
+def admit_event(request: pb.AdmitRequest, at: float, wall_at: float = 0.0) -> e.Admit:
+    """The core event for one admission (or, with `placed_replica_id`, a turn placed already);
+    `wall_at` is the wall clock (Unix seconds), for a key's daily quota."""
+    key = None
+    if request.HasField("key") and request.key.name:
+        k = request.key
+        key = m.KeyLimits(
+            name=k.name,
+            tokens_per_minute=max(k.tokens_per_minute, 0),
+            requests_per_minute=max(k.requests_per_minute, 0),
+            daily_tokens=max(k.daily_tokens, 0),
+        )
     return e.Admit(
         at=at,
         turn_id=request.turn_id,
@@ -60,6 +71,9 @@ def admit_event(request: pb.AdmitRequest, at: float) -> e.Admit:
         opening=tuple(
             (key.hash, key.bytes) for key in request.opening[:MAX_OPENING_KEYS] if key.bytes > 0
         ),
+        max_tokens=max(request.max_tokens, 0),
+        key=key,
+        wall_at=wall_at,
     )
 
 
@@ -81,9 +95,30 @@ def placement(place: e.Place) -> pb.Placement:
     return pb.Placement(turn_id=place.turn_id, placed=admit_reply(place))
 
 
-def refusal(turn_id: str, code: int, message: str) -> pb.Placement:
+def refusal(turn_id: str, code: int, message: str, retry_after_s: float = 0.0) -> pb.Placement:
     """A refused admission as a Session stream sends it (`code`: a gRPC status code)."""
-    return pb.Placement(turn_id=turn_id, refused=pb.Refusal(code=code, message=message))
+    refused = pb.Refusal(code=code, message=message, retry_after_seconds=retry_after_s)
+    return pb.Placement(turn_id=turn_id, refused=refused)
+
+
+def reading(message: pb.RateLimitReading, at: float) -> tuple[ratelimits.Reading, float]:
+    """A reported rate-limit reading, and when its headers arrived (on the `at` clock)."""
+    budgets = {
+        b.name: ratelimits.Budget(
+            limit=b.limit if b.HasField("limit") and b.limit >= 0 else None,
+            remaining=b.remaining if b.HasField("remaining") and b.remaining >= 0 else None,
+            reset_s=b.reset_seconds
+            if b.HasField("reset_seconds") and b.reset_seconds >= 0
+            else None,
+        )
+        for b in message.budgets
+        if b.name in ratelimits.BUDGETS
+    }
+    retry = message.retry_after_seconds if message.HasField("retry_after_seconds") else None
+    value = ratelimits.Reading(
+        budgets=budgets, retry_after_s=retry if retry is None or retry >= 0 else None
+    )
+    return value, at - max(message.age_ms, 0.0) / 1000.0
 
 
 def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
@@ -91,6 +126,9 @@ def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
     kind = ev.WhichOneof("kind")
     if kind == "finished":
         u = ev.finished.usage
+        read, read_at = (None, 0.0)
+        if ev.finished.HasField("rate_limits"):
+            read, read_at = reading(ev.finished.rate_limits, at)
         return e.TurnFinished(
             at=at,
             turn_id=ev.turn_id,
@@ -99,9 +137,21 @@ def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
             completion_tokens=u.completion_tokens,
             cached_tokens=u.cached_tokens,
             finish_reason=ev.finished.finish_reason,
+            reading=read,
+            reading_at=read_at,
         )
     if kind == "failed":
-        return e.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
+        if not ev.failed.HasField("rate_limits"):
+            return e.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
+        read, read_at = reading(ev.failed.rate_limits, at)
+        return e.TurnFailed(
+            at=at,
+            turn_id=ev.turn_id,
+            reason=ev.failed.reason,
+            reading=read,
+            reading_at=read_at,
+            refused=ev.failed.rate_limits.refused,
+        )
     if kind == "abandoned":
         return e.TurnAbandoned(at=at, turn_id=ev.turn_id)
     if kind == "run_ended":
@@ -183,6 +233,29 @@ def status_reply(state: State, now: float) -> pb.StatusReply:
                 phase=_PHASE_OUT[m.Phase(phase)],
                 service_class=_CLASS_OUT[m.ServiceClass(cls)],
                 count=count,
+            )
+    for b in view["budgets"]:
+        budget = reply.budgets.add(
+            id=b["id"],
+            kind=b["kind"],
+            replica_ids=b["replicas"],
+            regime=b["regime"],
+            k=b["k"],
+            cooldown_seconds=b["cooldown_s"],
+            held=b["held"],
+            in_flight=b["in_flight"],
+            reading_age_seconds=-1.0 if b["reading_age_s"] is None else b["reading_age_s"],
+            next_fit_seconds=-1.0 if b["next_fit_s"] is None else b["next_fit_s"],
+            refused=b["refused"],
+            provider_429s=b["provider_429s"],
+        )
+        for dim in b["dimensions"]:
+            budget.dimensions.add(
+                name=dim["name"],
+                limit=dim["limit"],
+                available=-1.0 if dim["available"] is None else dim["available"],
+                reserved=dim["reserved"],
+                refill_seconds=dim["refill_s"],
             )
     return reply
 

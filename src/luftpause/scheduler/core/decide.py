@@ -25,7 +25,8 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core import expiry, holds, lifecycle, placement, queues, residency
+from luftpause.common.ratelimits import Reading
+from luftpause.scheduler.core import expiry, gate, holds, lifecycle, placement, queues, residency
 from luftpause.scheduler.core.events import (
     Action,
     Admit,
@@ -111,6 +112,7 @@ def initial_state(
         )
     )
     placement.rebuild(d)
+    gate.setup(d, endpoints)
     return d.freeze()
 
 
@@ -123,6 +125,13 @@ def decide(state: State, event: Event) -> Decision:
         for rid in dict.fromkeys(d.opened):
             buckets += queues.buckets_for_replica(d, rid)
         actions += _drain(d, buckets, event.at)
+    if d.budget_held:
+        gated, buckets = _drain_gate(d, event.at)
+        actions += gated
+        if buckets:
+            actions += _drain(d, buckets, event.at)
+    elif d.wake_at >= 0:
+        d.wake_at = -1.0
     return d.freeze(), tuple(actions)
 
 
@@ -132,13 +141,20 @@ def _apply(d: Draft, event: Event) -> Applied:
         case Admit():
             return _admit(d, event)
         case TurnFinished():
+            _observe(d, event.turn_id, event.reading, event.reading_at, refused=False)
             return _after_turn_end(d, event.turn_id, at, event.tool_calls, event)
         case TurnFailed():
+            _observe(d, event.turn_id, event.reading, event.reading_at, refused=event.refused)
             return _after_turn_end(d, event.turn_id, at, tool_calls=False)
         case TurnAbandoned():
             held = d.held.get(event.turn_id)
             if held is not None:
                 queues.remove(d, held)
+                gate.withdraw(d, held, at)
+                return [], []
+            held = d.budget_held.get(event.turn_id)
+            if held is not None:
+                gate.withdraw(d, held, at)
                 return [], []
             return _after_turn_end(d, event.turn_id, at, tool_calls=False)
         case RunEnded():
@@ -164,6 +180,9 @@ def _apply(d: Draft, event: Event) -> Applied:
             return [], []
         case TurnStarted():
             _stamp(d, event.turn_id, started_at=at)
+            turn = d.turns.get(event.turn_id)
+            if turn is not None and turn.windows:
+                gate.started(d, turn, at)
             return [], []
         case FirstToken():
             _stamp(d, event.turn_id, first_token_at=at)
@@ -179,7 +198,7 @@ def _admit(d: Draft, ev: Admit) -> Applied:
     if placed is not None:  # a retry of an admission that already went through
         home = d.replicas[placed.replica]
         return [_place_action(d, ev.turn_id, home, placed.service_class, 0.0)], []
-    if ev.turn_id in d.held:
+    if ev.turn_id in d.held or ev.turn_id in d.budget_held:
         return [], []
     if ev.placed_on:
         return _placed_by_dataplane(d, ev)
@@ -189,6 +208,8 @@ def _admit(d: Draft, ev: Admit) -> Applied:
         return [reject], []
     held = _held(d, ev, queues.bucket_of(d, ev.run_id, ev.model, ev.single_pass))
     d.next_seq += 1
+    if gate.applies(d, held):
+        return _admit_gated(d, held, ev.at)
     replica = choose_replica(d, held)
     if replica is None:
         queues.add(d, held)
@@ -232,7 +253,75 @@ def _held(d: Draft, ev: Admit, bucket: Bucket) -> HeldTurn:
         bucket=bucket,
         prompt_bytes=max(ev.prompt_bytes, 0),
         opening=ev.opening,
+        max_tokens=max(ev.max_tokens, 0),
+        key=ev.key,
+        wall_at=ev.wall_at,
     )
+
+
+def _admit_gated(d: Draft, held: HeldTurn, at: float) -> Applied:
+    """A turn to a rate-limited model, or of a key with a budget: see `gate`."""
+    out = gate.try_admit(d, held, at)
+    if out.refusal is not None:
+        return [_refuse(d, held, out.refusal)], []
+    if out.replica is not None:
+        moved, taken = lifecycle.start_turn(d, held, out.replica, at, queued=False)
+        return [_place_action(d, held.id, out.replica, held.service_class, 0.0), *taken], moved
+    if out.passed:
+        replica = choose_replica(d, held)
+        if replica is None:
+            queues.add(d, held)
+            return [], []
+        moved, taken = lifecycle.start_turn(d, held, replica, at, queued=False)
+        return [_place_action(d, held.id, replica, held.service_class, 0.0), *taken], moved
+    d.budget_held = d.budget_held.set(held.id, held)
+    return [], []
+
+
+def _refuse(d: Draft, held: HeldTurn, refusal: tuple[str, float]) -> Reject:
+    message, retry_after = refusal
+    gate.refused(d, gate.held_windows(d, held))
+    return Reject(turn_id=held.id, message=message, code="rate_limited", retry_after_s=retry_after)
+
+
+def _drain_gate(d: Draft, at: float) -> Applied:
+    """Try the turns held for a window again, best first; a turn that does not fit blocks the
+    turns behind it on the same windows. Sets `wake_at`, when the first of them fits."""
+    actions: list[Action] = []
+    buckets: list[Bucket] = []
+    blocked: set[str] = set()
+    wake: float | None = None
+    for held in gate.order(d):
+        ids = gate.held_windows(d, held)
+        if ids and all(i in blocked for i in ids):
+            continue
+        out = gate.try_admit(d, held, at)
+        if out.blocked:
+            blocked.update(out.blocked)
+            if out.wake_at is not None and (wake is None or out.wake_at < wake):
+                wake = out.wake_at
+            continue
+        d.budget_held = d.budget_held.delete(held.id)
+        if out.refusal is not None:
+            actions.append(_refuse(d, held, out.refusal))
+        elif out.replica is not None:
+            moved, taken = lifecycle.start_turn(d, held, out.replica, at, queued=False)
+            buckets += moved
+            actions.append(
+                _place_action(d, held.id, out.replica, held.service_class, at - held.arrived_at)
+            )
+            actions += taken
+        else:  # its key has room; its model's replicas are not rate-limited: queue it
+            queues.add(d, held)
+            buckets.append(held.bucket)
+    d.wake_at = -1.0 if wake is None else wake
+    return actions, buckets
+
+
+def _observe(d: Draft, turn_id: str, reading: Reading | None, at: float, *, refused: bool) -> None:
+    turn = d.turns.get(turn_id)
+    if reading is not None and turn is not None and not turn.single_pass:
+        gate.observe(d, turn, reading, at, refused=refused)
 
 
 def _place_action(

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from luftpause.common.prefixes import Key
-from luftpause.scheduler.core.model import Phase, ServiceClass, _check_id
+from luftpause.common.ratelimits import Reading
+from luftpause.scheduler.core.model import KeyLimits, Phase, ServiceClass, _check_id
 
 # --- events --------------------------------------------------------------------------------
 
@@ -35,6 +36,11 @@ class Admit:
     prompt_bytes: int = 0
     # The request's opening keys (`common.prefixes`): a new run goes where they were served.
     opening: tuple[Key, ...] = ()
+    # Its max_tokens (0: none), its caller key's budget, and the wall clock (Unix seconds): see
+    # `gate` (turns to rate-limited replicas, and keys with budgets).
+    max_tokens: int = 0
+    key: KeyLimits | None = None
+    wall_at: float = 0.0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.turn_id)
@@ -65,6 +71,9 @@ class TurnFinished:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str = ""
+    # The reply's rate-limit headers and when they arrived (on the `at` clock).
+    reading: Reading | None = None
+    reading_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +81,10 @@ class TurnFailed:
     at: float
     turn_id: str
     reason: str = ""
+    # A refusal's rate-limit headers (a 429: `refused`) and when they arrived.
+    reading: Reading | None = None
+    reading_at: float = 0.0
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,10 +205,13 @@ class Place:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reject:
-    """Refuse the turn at once (no replica serves its model)."""
+    """Refuse the turn at once: no replica serves its model (`not_found`), or it can never fit
+    a rate-limit window (`rate_limited`, try again after `retry_after_s`)."""
 
     turn_id: str
     message: str
+    code: str = "not_found"
+    retry_after_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -217,3 +217,25 @@ class PrefillFit:
         if spread <= 1e-9 * max(self.n * self.sxx, 1.0):
             return None
         return max((self.n * self.sxy - self.sx * self.sy) / spread, 0.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Replies:
+    """Completion tokens of finished turns (of one model and caller): a running mean and
+    variance, so a reply is predicted as mean + k sigma (`gate`)."""
+
+    n: float = 0.0
+    mean: float = 0.0
+    var: float = 0.0
+
+    def add(self, tokens: int) -> Replies:
+        x = float(max(tokens, 0))
+        mean = ewma(self.mean, x, self.n)
+        var = (1 - ALPHA) * (self.var + ALPHA * (x - self.mean) ** 2) if self.n > 0 else 0.0
+        return Replies(n=self.n + 1, mean=mean, var=var)
+
+    def predict(self, k: float) -> float | None:
+        """mean + k sigma; None before MIN_SAMPLES replies."""
+        if self.n < _MIN_SAMPLES:
+            return None
+        return self.mean + k * math.sqrt(self.var)

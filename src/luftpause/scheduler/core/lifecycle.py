@@ -8,7 +8,7 @@ moved to; room a change opens on a replica is noted by `placement.set_replica` i
 
 from __future__ import annotations
 
-from luftpause.scheduler.core import counters, expiry, queues, residency, slots
+from luftpause.scheduler.core import counters, expiry, gate, queues, residency, slots
 from luftpause.scheduler.core.counters import holds_headroom
 from luftpause.scheduler.core.events import RunTaken, TurnFinished
 from luftpause.scheduler.core.learned import comeback_keys, ended, returned, window_for
@@ -47,6 +47,8 @@ def start_turn(
         save_to=save,
         restore_from=restore,
         prompt_bytes=held.prompt_bytes,
+        windows=gate.windows_of_turn(d, held, replica.id),
+        max_tokens=held.max_tokens,
     )
     changes = counters.on_place(replica, turn)
     if slot is not None:
@@ -120,6 +122,9 @@ def end_turn(
     Returns the buckets its run's held turns moved to."""
     d.turns = d.turns.delete(turn.id)
     expiry.unorder_turn(d, turn.order)
+    if turn.windows:
+        spent = None if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+        gate.settle(d, turn, at, spent, finished=usage is not None)
     replica = d.replicas.get(turn.replica)
     if replica is not None:
         changes = counters.on_end(replica, turn)

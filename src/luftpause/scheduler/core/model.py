@@ -197,6 +197,9 @@ class Replica:
     new_interactive_fits: bool = True
     # Time to first token against uncached prompt tokens: what reading context costs here.
     prefill: PrefillFit = _NO_FIT
+    # Rate-limited (a hosted API with a window, see `gate`): its turns are admitted by its
+    # budget, never placed by a dataplane on its own.
+    limited: bool = False
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -304,6 +307,10 @@ class Turn:
     prompt_bytes: int = 0
     started_at: float = -1.0
     first_token_at: float = -1.0
+    # The rate-limit windows holding a reservation for it (see `gate`), and its request's
+    # max_tokens (0: none).
+    windows: tuple[str, ...] = ()
+    max_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
@@ -329,9 +336,31 @@ class HeldTurn:
     overdue: bool = False
     # Its request's opening keys (`common.prefixes`): a new run goes where they were served.
     opening: tuple[Key, ...] = ()
+    # Its request's max_tokens (0: none), the caller key's budget it is admitted against, and
+    # the wall clock (Unix seconds) when it arrived, for a key's daily quota.
+    max_tokens: int = 0
+    key: KeyLimits | None = None
+    wall_at: float = 0.0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyLimits:
+    """A caller key's own budget (the keys file); 0 is no limit of that kind."""
+
+    name: str
+    tokens_per_minute: int = 0
+    requests_per_minute: int = 0
+    daily_tokens: int = 0
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.tokens_per_minute or self.requests_per_minute or self.daily_tokens)
+
+    def per_minute(self) -> dict[str, int]:
+        return {"tokens": self.tokens_per_minute, "requests": self.requests_per_minute}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 import immutables
 
-from luftpause.scheduler.core.learned import Comeback, ComebackKey, Sizes
+from luftpause.scheduler.core.learned import Comeback, ComebackKey, Replies, Sizes
 from luftpause.scheduler.core.model import (
     DATAPLANE_GRACE_S,
     Bucket,
@@ -42,6 +42,7 @@ from luftpause.scheduler.core.model import (
     Turn,
 )
 from luftpause.scheduler.core.openings import OpeningIndex
+from luftpause.scheduler.core.windows import Window
 
 _EMPTY: immutables.Map[Any, Any] = immutables.Map()
 _NO_SIZES = Sizes()
@@ -75,6 +76,14 @@ class State:
     comebacks: immutables.Map[ComebackKey, Comeback] = _EMPTY
     # Per replica, the openings it served lately (see `openings`).
     openings: immutables.Map[str, OpeningIndex] = _EMPTY
+    # Rate limits (see `gate`): the windows by id (endpoints' and keys'), the window of each
+    # limited replica, the turns held for a window, and the replies learned per (model, caller).
+    windows: immutables.Map[str, Window] = _EMPTY
+    window_of: immutables.Map[str, str] = _EMPTY
+    budget_held: immutables.Map[str, HeldTurn] = _EMPTY
+    replies: immutables.Map[tuple[str, str], Replies] = _EMPTY
+    # When a turn held for a window fits by refill alone (-1: none): the shell ticks then.
+    wake_at: float = -1.0
     # --- indexes (see the table above for their owners) ---
     caller_in_flight: immutables.Map[str, int] = _EMPTY
     # (bucket, class, caller) -> FIFO (front chain, reversed back chain) of (seq, turn id);
@@ -126,6 +135,11 @@ class Draft:
     sizes: Sizes
     comebacks: immutables.Map[ComebackKey, Comeback]
     openings: immutables.Map[str, OpeningIndex]
+    windows: immutables.Map[str, Window]
+    window_of: immutables.Map[str, str]
+    budget_held: immutables.Map[str, HeldTurn]
+    replies: immutables.Map[tuple[str, str], Replies]
+    wake_at: float
     caller_in_flight: immutables.Map[str, int]
     queues: immutables.Map[QueueKey, tuple[Chain, Chain]]
     heads: immutables.Map[HeadKey, immutables.Map[str, tuple[int, str]]]

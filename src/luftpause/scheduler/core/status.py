@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.scheduler.core import slots
+from luftpause.scheduler.core.budget_status import budgets_view
 from luftpause.scheduler.core.model import Phase, ServiceClass
 from luftpause.scheduler.core.placement import is_open
 from luftpause.scheduler.core.state import State
@@ -64,7 +65,7 @@ def status_view(state: State, now: float) -> dict[str, Any]:
         for r in sorted(state.replicas.values(), key=lambda r: r.id)
     ]
     groups: dict[tuple[str, str], tuple[int, float]] = {}
-    for t in state.held.values():
+    for t in (*state.held.values(), *state.budget_held.values()):
         key = (str(t.service_class), t.caller)
         count, oldest = groups.get(key, (0, now))
         groups[key] = (count + 1, min(oldest, t.arrived_at))
@@ -99,7 +100,9 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             },
         },
         "held": held,
-        "held_total": len(state.held),
+        "held_total": len(state.held) + len(state.budget_held),
+        # Rate-limit windows: hosted endpoints' and caller keys' (see `core.gate`).
+        "budgets": budgets_view(state, now),
         "runs": runs,
         "runs_total": len(state.runs),
         "turns_in_flight": len(state.turns),

@@ -1,0 +1,434 @@
+"""Rate-limit windows: what a hosted endpoint, or a caller key, has left, and when it refills.
+
+Pure module: frozen values and functions that return updated ones; time is an argument.
+
+A window has a `Level` per budget it knows (requests, tokens, input and output tokens, per
+minute; a key's tokens per day apart, see `gate`). A level is the provider's count as of its
+last reading, aged by the window's refill regime:
+
+- fixed: nothing comes back until the window resets (`full_at`), then all of it;
+- continuous: a token bucket, refilling `limit` per `period_s` (a minute) without pause;
+- unknown: as fixed, which is right or cautious for both (a continuous bucket is full by the
+  time its reset says). A provider's regime is learned from successive readings: in a fixed
+  window the reset time stays put while turns are charged, in a bucket it moves later by what
+  each turn cost (`vote`).
+
+A limit stated in the endpoint file, or a caller key's, is a bucket of our own, starting full.
+
+What admitted turns will cost is reserved on admission (`reserve`). A reservation stays
+*pending* until the provider's count includes it: a reading dated after the turn's request
+started (`observe`), or a fixed window that reset since (`advance`); until then it is taken off
+what the level says (`available`). At the turn's end the reservation goes (`release`); if no
+reading ever counted it, its real cost (the reply's usage) comes off the level instead, as the
+provider charged it.
+
+After a provider's 429 the window cools down until it said to come back, and `k`, the safety
+factor on predicted replies (mean + k sigma), rises by K_UP up to K_MAX; each turn that ends
+well takes K_DECAY off it again, down to K_START.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import immutables
+
+from luftpause.common.ratelimits import BUDGETS, Reading
+
+MINUTE_S = 60.0
+K_START = 1.0
+K_UP = 0.5
+K_MAX = 4.0
+K_DECAY = 0.05
+COOLDOWN_DEFAULT_S = 1.0
+"""A 429 that says nothing of when to come back cools its window down this long."""
+
+VOTES = 5
+"""The regime is the majority of the last this many votes (a tie is fixed)."""
+
+EPOCH_TOLERANCE_S = 0.1
+EPOCH_TOLERANCE_COARSE_S = 0.6
+"""How far two readings' reset times may differ and still be one fixed window: resets given in
+whole seconds (`6m0s`) are up to half a second off."""
+
+Cost = tuple[int, int, int, int]
+"""What a turn costs, by `BUDGETS` (requests, tokens, input tokens, output tokens)."""
+
+NO_COST: Cost = (0, 0, 0, 0)
+_EMPTY: immutables.Map[Any, Any] = immutables.Map()
+
+
+class Regime(StrEnum):
+    UNKNOWN = "unknown"
+    FIXED = "fixed"
+    CONTINUOUS = "continuous"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Level:
+    """One budget: its limit per period, what was left at `at`, and when it is next full."""
+
+    limit: int = 0
+    base: float = 0.0
+    at: float = 0.0
+    # When a fixed window resets, or a bucket is full again (None: not known).
+    full_at: float | None = None
+    period_s: float = MINUTE_S
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pending:
+    """A turn's reservation: its predicted cost, when its request started (-1: not yet), and
+    whether the provider's count includes it already."""
+
+    cost: Cost
+    started_at: float = -1.0
+    counted: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """A rate-limit window: an endpoint's (or endpoints sharing one API key), or a key's."""
+
+    id: str
+    kind: str = "endpoint"
+    replicas: tuple[str, ...] = ()
+    levels: immutables.Map[str, Level] = _EMPTY
+    # Our own bucket (stated limits, a key's budget): no provider readings.
+    own: bool = False
+    regime: Regime = Regime.UNKNOWN
+    votes: tuple[bool, ...] = ()  # True: a vote for fixed
+    epoch: float | None = None  # the last reading's reset time, for the next vote
+    k: float = K_START
+    cooldown_until: float = 0.0
+    read_at: float = -1.0
+    pending: immutables.Map[str, Pending] = _EMPTY
+    # Derived: the sum of the pending reservations' costs not yet counted.
+    uncounted: Cost = NO_COST
+    # The provider counts max_tokens (endpoint `limits.charges`).
+    charges_max_tokens: bool = False
+    refused: int = 0
+    provider_429s: int = 0
+    # A caller key's tokens per UTC day (0: none), the day (Unix days) and what it used then.
+    daily_limit: int = 0
+    day: int = -1
+    day_used: int = 0
+
+
+def stated(
+    window_id: str,
+    per_minute: dict[str, int],
+    at: float,
+    *,
+    kind: str = "endpoint",
+    replicas: tuple[str, ...] = (),
+    charges_max_tokens: bool = False,
+) -> Window:
+    """A window of our own from stated limits per minute, full at `at`."""
+    levels = {
+        name: Level(limit=limit, base=float(limit), at=at, full_at=at)
+        for name, limit in per_minute.items()
+        if limit > 0
+    }
+    return Window(
+        id=window_id,
+        kind=kind,
+        replicas=replicas,
+        levels=immutables.Map(levels),
+        own=True,
+        regime=Regime.CONTINUOUS,
+        charges_max_tokens=charges_max_tokens,
+    )
+
+
+def restate(window: Window, per_minute: dict[str, int], at: float) -> Window:
+    """`window` with changed stated limits (a key file reloaded): what was used stays used."""
+    levels = dict(window.levels)
+    for name in BUDGETS:
+        limit = per_minute.get(name, 0)
+        old = levels.get(name)
+        if limit <= 0:
+            levels.pop(name, None)
+        elif old is None:
+            levels[name] = Level(limit=limit, base=float(limit), at=at, full_at=at)
+        elif old.limit != limit:
+            now = _level(old, window.regime, at)
+            levels[name] = Level(limit=limit, base=min(now, float(limit)), at=at)
+    return _with(window, levels=immutables.Map(levels))
+
+
+def _with(window: Window, **changes: Any) -> Window:
+    fields = dict(window.__dict__)
+    fields.update(changes)
+    return Window(**fields)
+
+
+# --- levels -----------------------------------------------------------------------------------
+
+
+def _level(level: Level, regime: Regime, now: float) -> float:
+    """What `level` holds at `now` by `regime` (after `advance`, for fixed windows)."""
+    if regime is Regime.CONTINUOUS and level.limit:
+        rate = level.limit / level.period_s
+        return min(float(level.limit), level.base + max(now - level.at, 0.0) * rate)
+    if level.full_at is not None and now >= level.full_at and level.limit:
+        return float(level.limit)
+    return level.base
+
+
+def advance(window: Window, now: float) -> Window:
+    """`window` as of `now`: a fixed (or unknown) window past its reset starts full again, and
+    the reservations started before the reset were counted by the window that ended."""
+    if window.regime is Regime.CONTINUOUS:
+        return window
+    rolled: dict[str, Level] = {}
+    latest = -math.inf
+    for name, level in window.levels.items():
+        if level.full_at is not None and now >= level.full_at and level.limit:
+            periods = math.floor((now - level.full_at) / level.period_s) + 1
+            start = level.full_at + (periods - 1) * level.period_s
+            rolled[name] = Level(
+                limit=level.limit,
+                base=float(level.limit),
+                at=start,
+                full_at=start + level.period_s,
+                period_s=level.period_s,
+            )
+            latest = max(latest, start)
+    if not rolled:
+        return window
+    levels = window.levels
+    for name, level in rolled.items():
+        levels = levels.set(name, level)
+    return _count(_with(window, levels=levels), latest)
+
+
+def available(window: Window, name: str, now: float) -> float | None:
+    """What budget `name` has for new turns at `now` (None: the window does not know it)."""
+    level = window.levels.get(name)
+    if level is None:
+        return None
+    return _level(level, window.regime, now) - window.uncounted[BUDGETS.index(name)]
+
+
+def fits(window: Window, cost: Cost, now: float) -> bool:
+    """Whether a turn of `cost` may start now (`window` advanced to `now`). A cost over a
+    whole limit fits a full window: it can never fit better (`never_fits` refuses the rest).
+    A provider's window not read yet takes one turn at a time: its reply brings a reading."""
+    if now < window.cooldown_until:
+        return False
+    if not window.levels:
+        return not window.pending
+    for index, name in enumerate(BUDGETS):
+        level = window.levels.get(name)
+        if level is None or not cost[index]:
+            continue
+        need = min(cost[index], level.limit) if level.limit else cost[index]
+        if _level(level, window.regime, now) - window.uncounted[index] < need:
+            return False
+    return True
+
+
+def never_fits(window: Window, cost: Cost) -> str:
+    """Why a turn whose certain cost (its prompt) is `cost` can never fit ('' if it can)."""
+    for index, name in enumerate(BUDGETS):
+        level = window.levels.get(name)
+        if level is not None and level.limit and cost[index] > level.limit:
+            return (
+                f"the request needs about {cost[index]} {name.replace('_', ' ')} but "
+                f"{window.id}'s whole window is {level.limit} per {_per(level.period_s)}"
+            )
+    return ""
+
+
+def _per(period_s: float) -> str:
+    return "minute" if period_s == MINUTE_S else f"{period_s:g} s"
+
+
+def fit_at(window: Window, cost: Cost, now: float) -> float | None:
+    """When a turn of `cost` fits if nothing else changes (None: only a turn's end can help)."""
+    if not window.levels and window.pending:
+        return None
+    when = max(now, window.cooldown_until)
+    for index, name in enumerate(BUDGETS):
+        level = window.levels.get(name)
+        if level is None or not cost[index]:
+            continue
+        need = (min(cost[index], level.limit) if level.limit else cost[index]) + window.uncounted[
+            index
+        ]
+        if _level(level, window.regime, when) >= need:
+            continue
+        if window.regime is Regime.CONTINUOUS and level.limit:
+            if need > level.limit:
+                return None  # the bucket is full before it fits: it waits for a turn's end
+            rate = level.limit / level.period_s
+            when = max(when, level.at + (need - level.base) / rate)
+        elif level.full_at is not None and level.limit >= need:
+            when = max(when, level.full_at)
+        else:
+            return None
+    return when
+
+
+def refill_s(window: Window, name: str, now: float) -> float:
+    """Seconds until budget `name` next refills (fixed) or is full (continuous); -1 unknown."""
+    level = window.levels.get(name)
+    if level is None:
+        return -1.0
+    if window.regime is Regime.CONTINUOUS and level.limit:
+        missing = level.limit - _level(level, window.regime, now)
+        return max(missing * level.period_s / level.limit, 0.0)
+    return -1.0 if level.full_at is None else max(level.full_at - now, 0.0)
+
+
+# --- reservations -----------------------------------------------------------------------------
+
+
+def reserve(window: Window, turn_id: str, cost: Cost) -> Window:
+    return _with(
+        window,
+        pending=window.pending.set(turn_id, Pending(cost=cost)),
+        uncounted=_plus(window.uncounted, cost),
+    )
+
+
+def started(window: Window, turn_id: str, at: float) -> Window:
+    pending = window.pending.get(turn_id)
+    if pending is None or pending.started_at >= 0:
+        return window
+    updated = Pending(cost=pending.cost, started_at=at, counted=pending.counted)
+    return _with(window, pending=window.pending.set(turn_id, updated))
+
+
+def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok: bool) -> Window:
+    """The turn ended: its reservation goes; `actual` (the reply's usage) comes off the level
+    if no reading counted the turn. `ok`: it ended with a reply (k decays)."""
+    window = advance(window, at)
+    pending = window.pending.get(turn_id)
+    if pending is None:
+        return window
+    changes: dict[str, Any] = {"pending": window.pending.delete(turn_id)}
+    if not pending.counted:
+        changes["uncounted"] = _minus(window.uncounted, pending.cost)
+        if actual is not None:
+            changes["levels"] = _charged(window, actual, at)
+    if ok:
+        changes["k"] = max(K_START, window.k - K_DECAY)
+    return _with(window, **changes)
+
+
+def _charged(window: Window, cost: Cost, at: float) -> immutables.Map[str, Level]:
+    levels = window.levels
+    for index, name in enumerate(BUDGETS):
+        level = levels.get(name)
+        if level is None or not cost[index]:
+            continue
+        now = _level(level, window.regime, at)
+        full_at = level.full_at
+        if window.regime is Regime.CONTINUOUS and level.limit:
+            full_at = None  # a bucket's full time moves with every charge: refill_s says it
+        levels = levels.set(
+            name,
+            Level(
+                limit=level.limit,
+                base=now - cost[index],
+                at=at,
+                full_at=full_at,
+                period_s=level.period_s,
+            ),
+        )
+    return levels
+
+
+def _count(window: Window, through: float) -> Window:
+    """Mark counted every reservation whose request started by `through`."""
+    pending = window.pending
+    uncounted = window.uncounted
+    for turn_id, p in window.pending.items():
+        if not p.counted and 0 <= p.started_at <= through:
+            pending = pending.set(
+                turn_id, Pending(cost=p.cost, started_at=p.started_at, counted=True)
+            )
+            uncounted = _minus(uncounted, p.cost)
+    return _with(window, pending=pending, uncounted=uncounted)
+
+
+def _plus(a: Cost, b: Cost) -> Cost:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def _minus(a: Cost, b: Cost) -> Cost:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
+
+
+def rebuild_uncounted(window: Window) -> Cost:
+    """The `uncounted` sum recomputed from the reservations (the property tests' check)."""
+    total = NO_COST
+    for p in window.pending.values():
+        if not p.counted:
+            total = _plus(total, p.cost)
+    return total
+
+
+# --- readings ---------------------------------------------------------------------------------
+
+
+def observe(window: Window, reading: Reading, at: float, *, refused: bool) -> Window:
+    """A provider's reading, its headers dated `at`. An older reading than the last one only
+    counts its 429. A refusal cools the window down and makes predictions more cautious."""
+    window = advance(window, at)
+    changes: dict[str, Any] = {}
+    if refused:
+        wait = reading.retry_after_s
+        if wait is None:
+            spent = [b.reset_s for b in reading.budgets.values() if b.remaining == 0 and b.reset_s]
+            wait = max(spent) if spent else COOLDOWN_DEFAULT_S
+        changes["cooldown_until"] = max(window.cooldown_until, at + wait)
+        changes["k"] = min(window.k + K_UP, K_MAX)
+        changes["provider_429s"] = window.provider_429s + 1
+    if at < window.read_at or not reading.budgets:
+        return _with(window, **changes)
+    levels = window.levels
+    for name, budget in reading.budgets.items():
+        old = levels.get(name, Level())
+        limit = budget.limit if budget.limit is not None else old.limit
+        remaining = budget.remaining
+        if remaining is None:
+            continue
+        limit = max(limit, remaining)
+        full_at = at + budget.reset_s if budget.reset_s is not None else None
+        period = old.period_s
+        if budget.reset_s and limit > remaining and window.regime is Regime.CONTINUOUS:
+            seen = budget.reset_s * limit / (limit - remaining)
+            period = min(max(period + 0.2 * (seen - period), 1.0), 3600.0)
+        levels = levels.set(
+            name,
+            Level(limit=limit, base=float(remaining), at=at, full_at=full_at, period_s=period),
+        )
+    if window.own:  # stated limits gave a bucket of our own: the provider's regime is learned
+        changes.update(regime=Regime.UNKNOWN, votes=())
+    window = _with(window, levels=levels, read_at=at, own=False, **changes)
+    return _count(_voted(window, reading, at), at)
+
+
+def _voted(window: Window, reading: Reading, at: float) -> Window:
+    """Cast the reading's vote on the regime (see the module's docstring)."""
+    budget = reading.budgets.get("tokens") or reading.budgets.get("requests")
+    if budget is None or budget.reset_s is None or budget.remaining is None:
+        return window
+    epoch = at + budget.reset_s
+    if window.epoch is None or budget.limit is None or budget.remaining >= budget.limit:
+        return _with(window, epoch=epoch)
+    coarse = float(budget.reset_s).is_integer()
+    tolerance = EPOCH_TOLERANCE_COARSE_S if coarse else EPOCH_TOLERANCE_S
+    level = window.levels.get("tokens") or window.levels.get("requests")
+    period = level.period_s if level is not None else MINUTE_S
+    moved = (epoch - window.epoch) % period
+    fixed = min(moved, period - moved) <= tolerance
+    votes = (*window.votes, fixed)[-VOTES:]
+    regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
+    return _with(window, epoch=epoch, votes=votes, regime=regime)
