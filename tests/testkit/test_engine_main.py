@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.testkit.engine.main import build_parser, params_from
+from luftpause.testkit.engine.main import build_parser, params_from, parse_args
 from luftpause.testkit.engine.params import EngineParams, SimParams
 
 
@@ -80,3 +80,89 @@ def test_a_bad_admission_mode_or_stream_interval_is_a_usage_error(
         build_parser().parse_args(argv)
     assert exc.value.code == 2
     assert argv[0].split("=")[0] in capsys.readouterr().err
+
+
+def test_the_rate_limit_flags_reach_the_parameters() -> None:
+    args = build_parser().parse_args(
+        [
+            "--itpm=800",
+            "--otpm=200",
+            "--rate-limit-window-s=10",
+            "--rate-limit-regime=continuous",
+            "--rate-limit-charge=usage",
+            "--rate-limit-headers=anthropic",
+        ]
+    )
+    p = params_from(args)
+    assert p.rate_limits == {"rpm": None, "tpm": None, "itpm": 800, "otpm": 200}
+    assert (p.rate_window_s, p.rate_limit_regime) == (10.0, "continuous")
+    assert (p.rate_limit_charge, p.rate_limit_headers) == ("usage", "anthropic")
+    assert p.hosted
+
+
+def test_the_rate_limit_defaults_are_todays_fixed_window_openai_behaviour() -> None:
+    p = params_from(build_parser().parse_args([]))
+    assert not p.hosted
+    assert (p.rate_limit_regime, p.rate_limit_charge, p.rate_limit_headers) == (
+        "fixed",
+        "max_tokens",
+        "openai",
+    )
+
+
+def test_the_rate_limit_flags_are_set_by_their_environment_variables() -> None:
+    env = {
+        "LUFTPAUSE_RPM": "3",
+        "LUFTPAUSE_ITPM": "900",
+        "LUFTPAUSE_RATE_WINDOW_S": "5",
+        "LUFTPAUSE_RATE_LIMIT_REGIME": "continuous",
+        "LUFTPAUSE_RATE_LIMIT_CHARGE": "usage",
+        "LUFTPAUSE_RATE_LIMIT_HEADERS": "anthropic",
+    }
+    p = params_from(parse_args(["--rpm=4"], env))
+    assert (p.rpm, p.itpm, p.rate_window_s) == (4, 900, 5.0)
+    assert (p.rate_limit_regime, p.rate_limit_charge, p.rate_limit_headers) == (
+        "continuous",
+        "usage",
+        "anthropic",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--otpm=0"], "otpm"),
+        (["--itpm=-3"], "itpm"),
+        (["--rate-window-s=0"], "rate_window_s"),
+    ],
+)
+def test_an_impossible_rate_limit_is_refused(argv: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        params_from(build_parser().parse_args(argv))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--rate-limit-regime=leaky"], ["--rate-limit-charge=all"], ["--rate-limit-headers=groq"]],
+)
+def test_a_bad_rate_limit_choice_is_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert argv[0].split("=")[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("rate_limit_regime", "leaky"),
+        ("rate_limit_charge", "all"),
+        ("rate_limit_headers", "groq"),
+        ("tpm", 0),
+    ],
+)
+def test_sim_params_name_a_bad_rate_limit_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        SimParams(**{field: value})  # type: ignore[arg-type]

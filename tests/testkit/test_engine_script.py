@@ -1,4 +1,5 @@
-"""The engine simulator's pure helpers: reply script, tokens, rate limits, wire shapes."""
+"""The engine simulator's pure helpers: reply script, tokens, wire shapes (rate limits: see
+test_engine_ratelimit.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 import pytest
 
 from luftpause.testkit.engine import wire
-from luftpause.testkit.engine.ratelimit import RateLimiter, format_duration
 from luftpause.testkit.engine.script import (
     Reply,
     classify_probs,
@@ -122,33 +122,6 @@ def test_classifier_probabilities_are_deterministic_and_sum_to_one() -> None:
     probs = classify_probs("the server is down", labels)
     assert probs == classify_probs("the server is down", labels)
     assert math.isclose(sum(probs), 1.0)
-
-
-@pytest.mark.parametrize(
-    ("seconds", "text"),
-    [(0.02, "20ms"), (1, "1s"), (59.5, "59.5s"), (360, "6m0s"), (88.8, "1m28.8s")],
-)
-def test_reset_durations_use_openais_format(seconds: float, text: str) -> None:
-    assert format_duration(seconds) == text
-
-
-def test_the_request_budget_refuses_past_the_limit_and_refills_next_window() -> None:
-    limiter = RateLimiter(rpm=2, tpm=None, window_s=60.0, time_scale=10.0)
-    assert limiter.check(1.0, 10).allowed
-    ok = limiter.check(2.0, 10)
-    assert ok.headers["x-ratelimit-remaining-requests"] == "0"
-    refused = limiter.check(30.0, 10)
-    assert not refused.allowed
-    assert refused.retry_after_s == pytest.approx(3.0)  # 30 simulated seconds at 10x
-    assert refused.headers["x-ratelimit-reset-requests"] == "3s"
-    assert limiter.check(61.0, 10).allowed
-
-
-def test_the_token_budget_counts_prompt_and_max_tokens() -> None:
-    limiter = RateLimiter(rpm=None, tpm=100, window_s=60.0)
-    assert limiter.check(0.0, 60).allowed
-    assert not limiter.check(1.0, 60).allowed
-    assert "x-ratelimit-limit-requests" not in limiter.check(2.0, 40).headers
 
 
 def test_a_tool_call_streams_as_openai_deltas() -> None:

@@ -19,6 +19,7 @@ from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.testkit.engine.params import (
     ADMISSIONS,
+    CHARGES,
     CPU_PROFILE,
     PROFILES,
     TOOL_STYLES,
@@ -26,6 +27,8 @@ from luftpause.testkit.engine.params import (
     Profile,
     SimParams,
 )
+from luftpause.testkit.engine.ratelimit import REGIMES
+from luftpause.testkit.engine.ratelimit_headers import HEADER_FAMILIES
 from luftpause.testkit.engine.server import serve, server_tls_context
 
 _S = SimParams()
@@ -146,14 +149,7 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
         help="reply tokens reserved when a request sets no max_tokens",
     )
     add("--labels", default=",".join(_S.labels), help="single-pass labels, comma-separated")
-    add("--rpm", type=int, default=None, help="hosted-API mode: requests per window")
-    add("--tpm", type=int, default=None, help="hosted-API mode: tokens per window")
-    add(
-        "--rate-window-s",
-        type=float,
-        default=_S.rate_window_s,
-        help="rate-limit window in simulated seconds",
-    )
+    _rate_limit_args(p)
     add("--require-key", default=None, help="answer 401 unless Authorization: Bearer KEY")
     add(
         "--slot-saves",
@@ -164,6 +160,43 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
     add("--tls-cert", metavar="FILE", default=None, help="serve https: PEM certificate chain")
     add("--tls-key", metavar="FILE", default=None, help="serve https: PEM private key")
     return p
+
+
+def _rate_limit_args(p: argparse.ArgumentParser) -> None:
+    """The hosted-API mode: budgets, how they refill, what a request costs, which headers."""
+    add = p.add_argument
+    add("--rpm", type=int, default=None, help="hosted-API mode: requests per window")
+    add("--tpm", type=int, default=None, help="hosted-API mode: tokens per window")
+    add("--itpm", type=int, default=None, help="hosted-API mode: input tokens per window")
+    add("--otpm", type=int, default=None, help="hosted-API mode: output tokens per window")
+    add(
+        "--rate-window-s",
+        "--rate-limit-window-s",
+        type=float,
+        default=_S.rate_window_s,
+        help="rate-limit window in simulated seconds",
+    )
+    add(
+        "--rate-limit-regime",
+        choices=REGIMES,
+        default=_S.rate_limit_regime,
+        help="fixed: budgets whole again at each window boundary; continuous: token buckets "
+        "refilling limit/window per second (OpenAI)",
+    )
+    add(
+        "--rate-limit-charge",
+        choices=CHARGES,
+        default=_S.rate_limit_charge,
+        help="a chat request's output tokens charged at its start: max_tokens (OpenAI's "
+        "estimate) or usage (the reply it will generate)",
+    )
+    add(
+        "--rate-limit-headers",
+        choices=HEADER_FAMILIES,
+        default=_S.rate_limit_headers,
+        help="openai: x-ratelimit-* with durations; anthropic: anthropic-ratelimit-* with "
+        "RFC 3339 resets",
+    )
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
@@ -201,7 +234,12 @@ def params_from(args: argparse.Namespace) -> SimParams:
         labels=tuple(x.strip() for x in args.labels.split(",") if x.strip()),
         rpm=args.rpm,
         tpm=args.tpm,
+        itpm=args.itpm,
+        otpm=args.otpm,
         rate_window_s=args.rate_window_s,
+        rate_limit_regime=args.rate_limit_regime,
+        rate_limit_charge=args.rate_limit_charge,
+        rate_limit_headers=args.rate_limit_headers,
         require_key=args.require_key,
         slot_saves=args.slot_saves,
         stream_interval=args.stream_interval,

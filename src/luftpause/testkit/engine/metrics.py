@@ -20,6 +20,10 @@ class ShellCounters:
     steps_total: int
     busy_ms_total: float
     lag_seconds: float
+    # The rate limiter's tally (zero where a caller has no limiter).
+    served_total: int = 0
+    billed_tokens_total: int = 0
+    refused_tokens_total: int = 0
 
 
 def _escape(value: str) -> str:
@@ -136,6 +140,30 @@ def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str
             "counter",
             "Requests answered 429",
             shell.rate_limited_total,
+        ),
+        (
+            "luftpause_sim_ratelimit_served_total",
+            "counter",
+            "Requests the rate limiter let through",
+            shell.served_total,
+        ),
+        (
+            "luftpause_sim_ratelimit_refused_total",
+            "counter",
+            "Requests the rate limiter refused (429)",
+            shell.rate_limited_total,
+        ),
+        (
+            "luftpause_sim_billed_tokens_total",
+            "counter",
+            "Prompt and generated tokens of served requests, counted when each reply ends",
+            shell.billed_tokens_total,
+        ),
+        (
+            "luftpause_sim_refused_tokens_total",
+            "counter",
+            "Tokens the refused requests would have been charged",
+            shell.refused_tokens_total,
         ),
         (
             "luftpause_sim_rejected_total",

@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from luftpause.testkit.engine.ratelimit import REGIMES, Regime
+from luftpause.testkit.engine.ratelimit_headers import HEADER_FAMILIES, HeaderFamily
+
 # Measured by bench/calibrate_engine.py; the README's calibration table says how.
 CALIBRATED_PREFILL_MS_PER_TOKEN = 4.98
 CALIBRATED_DECODE_BASE_MS = 39.9
@@ -27,6 +30,10 @@ TOOL_STYLES: tuple[ToolStyle, ...] = ("openai", "text")
 # SGLang does (ratio-discounted reply estimates, reply blocks on demand, retraction; `sglang`).
 Admission = Literal["reserve", "sglang"]
 ADMISSIONS: tuple[Admission, ...] = ("reserve", "sglang")
+# What a hosted API charges a chat request's reply to its token budgets at the start:
+# `max_tokens` (OpenAI's estimate) or the reply it will generate (`usage`).
+Charge = Literal["usage", "max_tokens"]
+CHARGES: tuple[Charge, ...] = ("usage", "max_tokens")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,9 +106,15 @@ class SimParams:
     reply_tokens: int = 64
     default_max_tokens: int = 256
     labels: tuple[str, ...] = ("urgent", "lookup", "chitchat")
+    # Hosted-API mode: budgets per window of requests, tokens, input and output tokens.
     rpm: int | None = None
     tpm: int | None = None
+    itpm: int | None = None
+    otpm: int | None = None
     rate_window_s: float = 60.0
+    rate_limit_regime: Regime = "fixed"
+    rate_limit_charge: Charge = "max_tokens"
+    rate_limit_headers: HeaderFamily = "openai"
     require_key: str | None = None
     # Tokens per streamed chunk after the first (SGLang's --stream-interval).
     stream_interval: int = 1
@@ -120,12 +133,29 @@ class SimParams:
             raise ValueError("stream_interval must be >= 1")
         if len(self.labels) < 2:
             raise ValueError("single-pass needs at least two labels")
-        if (self.rpm is not None and self.rpm < 1) or (self.tpm is not None and self.tpm < 1):
-            raise ValueError("rpm and tpm must be >= 1 when given")
+        self._check_rate_limits()
+
+    def _check_rate_limits(self) -> None:
+        for name, limit in self.rate_limits.items():
+            if limit is not None and limit < 1:
+                raise ValueError(f"{name} must be >= 1 when given")
+        if not self.rate_window_s > 0:
+            raise ValueError("rate_window_s must be > 0")
+        if self.rate_limit_regime not in REGIMES:
+            raise ValueError("rate_limit_regime must be fixed or continuous")
+        if self.rate_limit_charge not in CHARGES:
+            raise ValueError("rate_limit_charge must be usage or max_tokens")
+        if self.rate_limit_headers not in HEADER_FAMILIES:
+            raise ValueError("rate_limit_headers must be openai or anthropic")
+
+    @property
+    def rate_limits(self) -> dict[str, int | None]:
+        """The hosted-API budgets by flag (rpm, tpm, itpm, otpm); None: no such budget."""
+        return {"rpm": self.rpm, "tpm": self.tpm, "itpm": self.itpm, "otpm": self.otpm}
 
     @property
     def hosted(self) -> bool:
-        return self.rpm is not None or self.tpm is not None
+        return any(limit is not None for limit in self.rate_limits.values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import secrets
 import socket
 import ssl
@@ -31,7 +30,8 @@ from luftpause.testkit.engine.parsing import (
     parse_chat,
     parse_classify,
 )
-from luftpause.testkit.engine.ratelimit import RateLimiter
+from luftpause.testkit.engine.ratelimit import Cost, RateLimiter, parse_limits
+from luftpause.testkit.engine.ratelimit_headers import retry_headers
 from luftpause.testkit.engine.records import RequestTooLarge, Submission
 from luftpause.testkit.engine.script import classify_probs, plan_reply
 from luftpause.testkit.engine.tokens import (
@@ -57,10 +57,11 @@ class Simulator:
         self.clock = SimClock(params.time_scale)
         self.driver = EngineDriver(params.engine, self.clock)
         self.limiter = RateLimiter(
-            rpm=params.rpm,
-            tpm=params.tpm,
+            **params.rate_limits,
+            regime=params.rate_limit_regime,
             window_s=params.rate_window_s,
             time_scale=params.time_scale,
+            headers=params.rate_limit_headers,
         )
         self.debug_log: deque[dict[str, Any]] = deque(maxlen=params.debug_log_size)
         self.slot_files = slotfiles.SlotFiles()  # `--slot-saves`
@@ -91,18 +92,15 @@ class Simulator:
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
             raise HttpError(401, "Incorrect API key provided.", "invalid_api_key")
 
-    def charge(self, tokens: int) -> dict[str, str]:
-        """Apply the hosted-API budget; returns the rate-limit headers to send."""
-        if not self.params.hosted:
-            return {}
-        verdict = self.limiter.check(self.clock.sim_ms() / 1000.0, tokens)
+    def sim_s(self) -> float:
+        return self.clock.sim_ms() / 1000.0
+
+    def charge(self, cost: Cost) -> dict[str, str]:
+        """Apply the hosted-API budgets (none: all pass); returns the rate-limit headers."""
+        verdict = self.limiter.check(self.sim_s(), cost, wall_s=time.time())
         if not verdict.allowed:
             err = HttpError(429, verdict.message, "rate_limit_exceeded")
-            err.headers = {
-                **verdict.headers,
-                "Retry-After": str(max(1, math.ceil(verdict.retry_after_s))),
-                "retry-after-ms": str(round(verdict.retry_after_s * 1000)),
-            }
+            err.headers = {**verdict.headers, **retry_headers(verdict.retry_after_s)}
             raise err
         return verdict.headers
 
@@ -125,7 +123,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise _injected(chat.fail.status)
     text = render_prompt(chat.body["messages"], chat.body.get("tools"))
     prompt = tokenize(text)
-    headers = sim.charge(len(prompt) + chat.max_tokens)
     reply = plan_reply(
         chat.body,
         tool_rounds=chat.tool_rounds,
@@ -134,6 +131,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         call_id=f"call_{secrets.token_hex(12)}",
         tool_style=chat.tool_style,
     )
+    usage_charged = sim.params.rate_limit_charge == "usage"
+    output = len(reply.pieces) if usage_charged else chat.max_tokens
+    headers = sim.charge(Cost(input_tokens=len(prompt), output_tokens=output))
     sub = Submission(
         rid=f"chatcmpl-{secrets.token_hex(12)}",
         prompt=tuple(prompt),
@@ -160,6 +160,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             return await replies.cut_body(request, json.dumps(body).encode(), headers)
         return web.json_response(body, headers=headers)
     finally:
+        sim.limiter.bill(len(prompt) + handle.generated)  # what was served, cut short or not
         sim.driver.release(sub.rid)
 
 
@@ -183,18 +184,20 @@ async def classify(request: web.Request) -> web.StreamResponse:
     entry.update(model=model)
     prompts = [tokenize(f"<|input|>\n{t}") for t in texts]
     n_tokens = sum(len(p) for p in prompts)
-    headers = sim.charge(n_tokens)
+    headers = sim.charge(Cost(input_tokens=n_tokens))
     rid = f"classify-{secrets.token_hex(12)}"
     subs = [
         Submission(rid=f"{rid}-{i}", prompt=tuple(p), reserve=0, output_tokens=0)
         for i, p in enumerate(prompts)
     ]
+    handles = []
     try:
-        handles = [sim.driver.submit(s, stream=False) for s in subs]
+        handles += [sim.driver.submit(s, stream=False) for s in subs]
         await asyncio.gather(*(h.done for h in handles))
     except RequestTooLarge as exc:
         raise HttpError(400, str(exc), "context_length_exceeded") from exc
     finally:
+        sim.limiter.bill(sum(len(h.sub.prompt) for h in handles))
         for s in subs:
             sim.driver.release(s.rid)
     labels = sim.params.labels
@@ -228,9 +231,13 @@ async def server_info(request: web.Request) -> web.StreamResponse:
 
 async def prometheus(request: web.Request) -> web.StreamResponse:
     sim = request.app[SIM]
+    tally = sim.limiter.tally
     shell = metrics.ShellCounters(
         requests_total=sim.requests_total,
-        rate_limited_total=sim.limiter.limited_total,
+        rate_limited_total=tally.refused,
+        served_total=tally.served,
+        billed_tokens_total=tally.billed_tokens,
+        refused_tokens_total=tally.refused_tokens,
         rejected_total=sim.rejected_total,
         steps_total=sim.driver.steps,
         busy_ms_total=sim.driver.busy_ms,
@@ -263,6 +270,24 @@ async def slot_action(request: web.Request) -> web.StreamResponse:
 
 async def debug_requests(request: web.Request) -> web.StreamResponse:
     return web.json_response({"requests": list(request.app[SIM].debug_log)})
+
+
+async def debug_limits(request: web.Request) -> web.StreamResponse:
+    """The hosted-API limits, each budget now, and what was served, refused and billed."""
+    sim = request.app[SIM]
+    described = sim.limiter.describe(sim.sim_s())
+    return web.json_response({**described, "charge": sim.params.rate_limit_charge})
+
+
+async def debug_set_limits(request: web.Request) -> web.StreamResponse:
+    """New limits at once (`{"tpm": 500, "rpm": 3}`, null removes one): a provider's change."""
+    sim = request.app[SIM]
+    try:
+        changes = parse_limits(json.loads(await request.read()))
+    except ValueError as exc:  # bad JSON and bad values alike; not a counted rejection
+        return web.json_response(wire.error(f"Invalid limits: {exc}"), status=400)
+    sim.limiter.set_limits(sim.sim_s(), changes)
+    return await debug_limits(request)
 
 
 async def debug_reset(request: web.Request) -> web.StreamResponse:
@@ -312,6 +337,8 @@ def make_app(params: SimParams) -> web.Application:
     app.router.add_get("/metrics", prometheus)
     app.router.add_post("/slots/{slot}", slot_action)
     app.router.add_get("/debug/requests", debug_requests)
+    app.router.add_get("/debug/limits", debug_limits)
+    app.router.add_post("/debug/limits", debug_set_limits)
     app.router.add_post("/debug/reset", debug_reset)
     return app
 
