@@ -24,7 +24,8 @@ Pure module: no I/O, no clock reads. Rules, in the order they apply:
    cached); a new one the replica that served its opening (its tools and first messages) of
    those near the least load (`common.prefixes.prefer`); else the least loaded.
 
-An *open* replica (healthy, generative, uncapped, no slots to assign, room for new runs) has
+An *open* replica (healthy, generative, uncapped, no slots to assign, room for new runs, not
+rate-limited: those are admitted by their budget, `gate`) has
 room for every turn, so there rules 4 to 6 never hold a turn back and only affinity, openings and
 load choose. The dataplanes are told which replicas are open and place a new run, or a run of
 theirs last on an open replica, themselves; the core records such a placement as reported
@@ -69,6 +70,7 @@ def is_open(replica: Replica) -> bool:
         replica.healthy
         and replica.capacity is None
         and replica.kind is EndpointKind.GENERATIVE
+        and not replica.limited
         and replica.new_batch_fits
         and replica.new_interactive_fits
     )
