@@ -8,7 +8,7 @@ RPC_OUT := src
 CHROMIUM := /usr/bin/chromium
 
 .PHONY: install browser docker-tools up test lint typecheck pytest proto soak bench bench-real \
-	bench-matrix calibrate wheel images release clean
+	bench-matrix bench-ratelimit calibrate wheel images release clean
 
 install: $(STAMP) browser
 
@@ -94,6 +94,13 @@ bench-matrix: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
 	$(BIN)/python -m bench.matrix --cells all --time-scale 10
 	$(BIN)/python -m bench.report
+
+# Hosted APIs under rate limits: agents straight at the provider, through LiteLLM and through
+# luftpause, 4 scenarios x 5 seeds against the simulator's hosted mode (about 40 minutes); writes
+# bench/results/ratelimit.json and its section of RESULTS.md. `--quick` takes under a minute.
+bench-ratelimit: install
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m bench.ratelimit
 
 # Fit the engine simulator's defaults to llama.cpp on this CPU (bench/results/calibration.json).
 calibrate: install

@@ -1,0 +1,233 @@
+"""The rate-limit benchmark's figures: one arm's measurement, spreads over seeds, the table.
+
+Pure module: turns and provider tallies in, numbers and Markdown out; no I/O, no clock reads.
+
+Per arm and seed (`measure`): 429s at the providers (their own tally, so whatever the arm sent
+counts, probes included) and 429s the agents' clients saw; tokens billed and refused by the
+providers; goodput (prompt and completion tokens of the completed turns per real second of the
+run); the p95 of turn latency and of time to first byte, both as the agent saw them (retries
+and waits included); wall clock from the first agent's start to the last one's end; the ideal
+schedule (`ratelimit_plan.ideal_seconds` of the completed turns' tokens and requests), wall
+over ideal, and the earliest the budgets allow (`earliest_seconds`); client-visible errors (a
+call that failed after the client's own retries) and turns never completed; and per provider
+its tally and the share of completed turns it served.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.ratelimit_plan import (
+    ARMS,
+    Charged,
+    Provider,
+    Scenario,
+    earliest_seconds,
+    ideal_seconds,
+)
+
+# The figures a row shows, their labels and how many decimals.
+COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("provider_429s", "429s at provider", 0),
+    ("client_429s", "429s seen by clients", 0),
+    ("billed_tokens", "tokens billed", 0),
+    ("refused_tokens", "tokens refused", 0),
+    ("goodput_tps", "goodput (tok/s)", 0),
+    ("turn_p95_s", "turn latency p95 (s)", 2),
+    ("ttfb_p95_s", "TTFB p95 (s)", 2),
+    ("wall_s", "wall (s)", 1),
+    ("ideal_s", "ideal (s)", 1),
+    ("earliest_s", "earliest (s)", 1),
+    ("wall_over_ideal", "wall / ideal", 2),
+    ("errors", "client errors", 0),
+)
+SECTION = "## Hosted APIs under rate limits (`python -m bench.ratelimit`)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnFacts:
+    """What the summary needs of one turn (`ratelimit_agents.Turn` has these fields)."""
+
+    ok: bool
+    latency_s: float
+    ttfb_s: float | None
+    prompt_tokens: int
+    completion_tokens: int
+    provider: str
+    refused_seen: int
+    errors: int
+
+
+def p95(values: Sequence[float]) -> float | None:
+    """The 95th percentile by rank; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(int(0.95 * len(ordered)), len(ordered) - 1)]
+
+
+def measure(
+    turns: Sequence[TurnFacts],
+    tallies: Mapping[str, Mapping[str, int]],
+    *,
+    wall_s: float,
+    providers: Sequence[Provider],
+    window_real_s: float,
+    regime: str,
+) -> dict[str, Any]:
+    """One arm's figures for one seed; `tallies` is each provider's tally by its id."""
+    done = [t for t in turns if t.ok]
+    charged = Charged(
+        requests=len(done),
+        input_tokens=sum(t.prompt_tokens for t in done),
+        output_tokens=sum(t.completion_tokens for t in done),
+    )
+    ideal = ideal_seconds(charged, providers, window_real_s)
+    served = Counter(t.provider for t in done)
+    ttfb = [t.ttfb_s for t in done if t.ttfb_s is not None]
+    return {
+        "provider_429s": sum(t["refused"] for t in tallies.values()),
+        "client_429s": sum(t.refused_seen for t in turns),
+        "billed_tokens": sum(t["billed_tokens"] for t in tallies.values()),
+        "refused_tokens": sum(t["refused_tokens"] for t in tallies.values()),
+        "goodput_tps": charged.tokens / wall_s if wall_s > 0 else 0.0,
+        "turn_p95_s": p95([t.latency_s for t in done]),
+        "ttfb_p95_s": p95(ttfb),
+        "wall_s": wall_s,
+        "ideal_s": ideal,
+        "earliest_s": earliest_seconds(charged, providers, window_real_s, regime),
+        "wall_over_ideal": wall_s / ideal if ideal > 0 else None,
+        "errors": sum(t.errors for t in turns),
+        "turns": len(turns),
+        "turns_failed": len(turns) - len(done),
+        "workload_tokens": charged.tokens,
+        "per_provider": {
+            pid: {
+                **tally,
+                "turn_share": served.get(pid, 0) / len(done) if done else 0.0,
+            }
+            for pid, tally in tallies.items()
+        },
+    }
+
+
+def spread(values: Iterable[float | None]) -> dict[str, float] | None:
+    """Median, min and max of the values that exist; None when none does."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None
+    return {"median": statistics.median(known), "min": min(known), "max": max(known)}
+
+
+def summarise(seeds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Per arm, each figure's spread over the seeds (a seed maps arm -> `measure` result)."""
+    arms = [a for a in ARMS if any(a in s for s in seeds)]
+    out: dict[str, dict[str, Any]] = {}
+    for arm in arms:
+        runs = [s[arm] for s in seeds if arm in s]
+        figures: dict[str, Any] = {key: spread(r.get(key) for r in runs) for key, _, _ in COLUMNS}
+        figures["turns_failed"] = spread(r["turns_failed"] for r in runs)
+        pids = sorted({pid for r in runs for pid in r["per_provider"]})
+        figures["per_provider"] = {
+            pid: {
+                k: spread(r["per_provider"].get(pid, {}).get(k) for r in runs)
+                for k in ("refused", "served", "turn_share")
+            }
+            for pid in pids
+        }
+        out[arm] = figures
+    return out
+
+
+def cell(value: Mapping[str, float] | None, digits: int) -> str:
+    """`median (min..max)`, or the one value when they agree; `-` for none."""
+    if value is None:
+        return "-"
+
+    def f(x: float) -> str:
+        return f"{x:,.{digits}f}"
+
+    low, mid, high = f(value["min"]), f(value["median"]), f(value["max"])
+    return mid if low == high else f"{mid} ({low}..{high})"
+
+
+def table(scenarios: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per scenario and arm; a scenario with several providers adds their 429s and
+    their shares of the turns."""
+    head = ["scenario", "arm", *(label for _, label, _ in COLUMNS), "per provider: 429s, turns"]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, data in scenarios.items():
+        for arm, figures in data["summary"].items():
+            cells = [cell(figures.get(key), digits) for key, _, digits in COLUMNS]
+            per = figures.get("per_provider", {})
+            split = (
+                "; ".join(
+                    f"{pid} {cell(v['refused'], 0)}, {_share(v['turn_share'])}"
+                    for pid, v in per.items()
+                )
+                if len(per) > 1
+                else ""
+            )
+            rows.append("| " + " | ".join([name, arm, *cells, split]) + " |")
+    return "\n".join(rows)
+
+
+def _share(value: Mapping[str, float] | None) -> str:
+    return "-" if value is None else f"{value['median']:.0%}"
+
+
+def describe(scenario: Scenario) -> str:
+    """One line: the scenario's providers, regime, headers, workload and time scale."""
+    limits = ", ".join(
+        f"{p.id} " + " ".join(f"{b} {v:,}" for b, v in p.limits().items())
+        for p in scenario.providers
+    )
+    return (
+        f"`{scenario.name}`: {scenario.about}. Limits per window of {scenario.window_s:g} "
+        f"simulated s ({scenario.window_real_s:g} real s): {limits}; {scenario.regime} regime, "
+        f"{scenario.headers} headers, charged by {scenario.charge}; {scenario.agents} agents; "
+        f"time scale {scenario.time_scale:g}."
+    )
+
+
+def section(result: Mapping[str, Any]) -> str:
+    """RESULTS.md's section for a `bench/results/ratelimit.json` result."""
+    scenarios = result["scenarios"]
+    lines = [
+        SECTION,
+        "",
+        "Agents with tool calls against the simulator's hosted mode; every arm of a seed does "
+        "the same work against fresh providers with the same limits, arms alternating. "
+        "Cells: median (min..max) over seeds. 429s at provider are the providers' own counts "
+        "(probes included); turn latency and TTFB are as the agents saw them, retries and "
+        "waits included. Ideal: the completed turns' tokens (and requests) over the budgets' "
+        "rate; earliest: what the budgets allow, since they start whole. Direct with two "
+        "providers sends turn k of agent i to provider (i + k) mod 2. LiteLLM gets each "
+        "provider's rpm and tpm per real minute and counts them per calendar minute, so with "
+        "windows shorter than a real minute (time scale > 1) its own limits cannot hold back a "
+        "burst inside a window: what it does then is retry the provider's 429s; "
+        "`fixed-openai-minute` has windows of a real minute. "
+        f"Seeds {result.get('seeds')}; luftpause arm "
+        f"{'with stated limits' if result.get('stated_limits') else 'learning from headers only'}"
+        f". Measured {result.get('machine', {}).get('when', '?')}.",
+        "",
+        *(f"- {s['description']}" for s in scenarios.values()),
+        "",
+        table(scenarios),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def put_section(document: str, text: str) -> str:
+    """`document` with its rate-limit section replaced by `text` (appended if it has none)."""
+    start = document.find(SECTION)
+    if start < 0:
+        return document.rstrip("\n") + "\n\n" + text
+    end = document.find("\n## ", start + len(SECTION))
+    rest = "" if end < 0 else document[end + 1 :]
+    return document[:start] + text + ("\n" + rest if rest else "")

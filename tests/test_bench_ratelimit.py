@@ -1,0 +1,209 @@
+"""The rate-limit benchmark: its plans, limits and figures (pure), and its quick run (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+import pytest
+
+from bench.ratelimit import arm_order, parse_args, run
+from bench.ratelimit_arms import litellm_config, luftpause_endpoints
+from bench.ratelimit_plan import (
+    SCENARIOS,
+    Charged,
+    Provider,
+    Shape,
+    earliest_seconds,
+    ideal_seconds,
+    litellm_limits,
+    plan_agents,
+    quick,
+    sim_flags,
+    stated_limits,
+    text,
+)
+from bench.ratelimit_summary import (
+    SECTION,
+    TurnFacts,
+    cell,
+    measure,
+    p95,
+    put_section,
+    section,
+    summarise,
+    table,
+)
+from luftpause.testkit.stack import Endpoint
+
+ONE = (Provider(id="p0", rpm=100, tpm=10_000),)
+
+
+def turn(ok: bool = True, provider: str = "p0", **kw: Any) -> TurnFacts:
+    values: dict[str, Any] = {
+        "latency_s": 1.0,
+        "ttfb_s": 0.5,
+        "prompt_tokens": 900,
+        "completion_tokens": 100,
+        "refused_seen": 0,
+        "errors": 0,
+    }
+    return TurnFacts(ok=ok, provider=provider, **{**values, **kw})
+
+
+def tally(refused: int = 0, billed: int = 0) -> dict[str, int]:
+    return {"served": 10, "refused": refused, "billed_tokens": billed, "refused_tokens": 7}
+
+
+def test_a_seed_gives_every_arm_the_same_agents_and_another_seed_other_ones() -> None:
+    assert plan_agents(3, 16, Shape()) == plan_agents(3, 16, Shape())
+    assert plan_agents(3, 16, Shape()) != plan_agents(4, 16, Shape())
+    for plan in plan_agents(3, 16, Shape()):
+        assert 2 <= len(plan.rounds) <= 5 and 1200 <= plan.task_tokens <= 3600
+        assert plan.turns == len(plan.rounds) + 1
+
+
+def test_text_has_the_simulators_four_characters_per_token() -> None:
+    assert len(text("a", 250)) == 1000 and text("a", 250) == text("a", 250) != text("b", 250)
+
+
+def test_the_ideal_is_the_charged_tokens_over_all_providers_rate() -> None:
+    two = (Provider(id="a", tpm=30_000, rpm=100), Provider(id="b", tpm=10_000, rpm=100))
+    charged = Charged(requests=50, input_tokens=90_000, output_tokens=10_000)
+    assert ideal_seconds(charged, two, window_real_s=10.0) == pytest.approx(25.0)
+    # Requests bind when they are the scarcer budget.
+    assert ideal_seconds(Charged(requests=600), two, 10.0) == pytest.approx(30.0)
+
+
+def test_a_budget_one_provider_lacks_binds_nothing() -> None:
+    two = (Provider(id="a", tpm=1_000), Provider(id="b", rpm=10))
+    assert ideal_seconds(Charged(requests=5, input_tokens=10**6), two, 10.0) == 0.0
+
+
+def test_input_and_output_budgets_bind_on_their_own_tokens() -> None:
+    anthropic = (Provider(id="a", itpm=10_000, otpm=500),)
+    charged = Charged(requests=1, input_tokens=20_000, output_tokens=1_500)
+    assert ideal_seconds(charged, anthropic, 6.0) == pytest.approx(18.0)
+
+
+def test_budgets_start_whole_so_the_earliest_end_is_a_window_before_the_ideal() -> None:
+    charged = Charged(input_tokens=25_000)
+    assert earliest_seconds(charged, ONE, 10.0, "continuous") == pytest.approx(15.0)
+    assert earliest_seconds(charged, ONE, 10.0, "fixed") == pytest.approx(20.0)
+    assert earliest_seconds(Charged(input_tokens=5_000), ONE, 10.0, "fixed") == 0.0
+
+
+def test_litellm_and_the_endpoint_file_get_the_limits_per_real_minute() -> None:
+    p = Provider(id="p0", rpm=120, tpm=60_000)
+    assert litellm_limits(p, window_real_s=10.0) == {"rpm": 720, "tpm": 360_000}
+    assert stated_limits(p, 10.0, "usage") == {"rpm": 720, "tpm": 360_000, "charges": "usage"}
+    anthropic = Provider(id="p0", rpm=60, itpm=30_000, otpm=1_500)
+    assert litellm_limits(anthropic, 60.0) == {"rpm": 60, "tpm": 30_000}
+
+
+def test_litellm_lists_every_provider_as_a_deployment_of_one_model() -> None:
+    scenario = SCENARIOS["two-providers"]
+    ends = [Endpoint(id=p.id, url=f"http://127.0.0.1:{9000 + i}") for i, p in enumerate(ONE * 2)]
+    config = litellm_config(scenario, ends)
+    assert config["router_settings"] == {"routing_strategy": "usage-based-routing-v2"}
+    names = {d["model_name"] for d in config["model_list"]}
+    tpms = [d["litellm_params"]["tpm"] for d in config["model_list"]]
+    assert len(names) == 1 and tpms == [240_000, 120_000]
+
+
+def test_luftpause_states_limits_only_when_asked() -> None:
+    scenario = SCENARIOS["fixed-openai"]
+    ends = [Endpoint(id="p0", url="http://127.0.0.1:9000")]
+    assert luftpause_endpoints(scenario, ends, stated=False) == ends
+    (stated,) = luftpause_endpoints(scenario, ends, stated=True)
+    assert stated.options["limits"] == {"rpm": 720, "tpm": 360_000, "charges": "usage"}
+
+
+def test_the_simulator_gets_the_scenarios_limits_regime_and_headers() -> None:
+    s = SCENARIOS["continuous-anthropic"]
+    flags = sim_flags(s, s.providers[0])
+    assert {"--rpm=60", "--itpm=30000", "--otpm=1500"} <= set(flags)
+    joined = " ".join(flags)
+    assert "--rate-limit-regime continuous" in joined and "--rate-limit-headers anthropic" in joined
+
+
+def test_quick_cuts_agents_and_budgets_in_proportion() -> None:
+    q = quick(SCENARIOS["fixed-openai"], agents=4, time_scale=20.0)
+    assert (q.agents, q.time_scale, q.window_real_s) == (4, 20.0, 3.0)
+    assert q.providers[0].limits() == {"rpm": 30, "tpm": 15_000}
+
+
+def test_arms_take_turns_going_first() -> None:
+    assert [arm_order(i)[0] for i in range(4)] == ["direct", "litellm", "luftpause", "direct"]
+    assert sorted(arm_order(2)) == ["direct", "litellm", "luftpause"]
+
+
+def test_p95_picks_by_rank() -> None:
+    assert p95([]) is None and p95([3.0]) == 3.0
+    assert p95([float(i) for i in range(1, 101)]) == 96.0
+
+
+def test_an_arms_figures_come_from_its_turns_and_the_providers_tallies() -> None:
+    turns = [turn(), turn(provider="p1"), turn(ok=False, errors=2, refused_seen=3)]
+    tallies = {"p0": tally(refused=4, billed=1000), "p1": tally(refused=1, billed=1000)}
+    two = (Provider(id="p0", tpm=1_000), Provider(id="p1", tpm=1_000))
+    m = measure(turns, tallies, wall_s=2.0, providers=two, window_real_s=2.0, regime="fixed")
+    assert (m["provider_429s"], m["client_429s"], m["errors"]) == (5, 3, 2)
+    assert (m["billed_tokens"], m["refused_tokens"], m["turns_failed"]) == (2000, 14, 1)
+    assert m["goodput_tps"] == 1000.0  # two completed turns of 1000 tokens in 2 s
+    assert (m["ideal_s"], m["earliest_s"], m["wall_over_ideal"]) == (2.0, 0.0, 1.0)
+    assert m["per_provider"]["p1"]["turn_share"] == 0.5
+
+
+def test_seeds_summarise_to_a_median_and_a_range_per_arm() -> None:
+    def seed(p429: int) -> dict[str, Any]:
+        m = measure(
+            [turn()], {"p0": tally(refused=p429)}, wall_s=1.0, providers=ONE, window_real_s=10.0,
+            regime="continuous",
+        )  # fmt: skip
+        return {"luftpause": m, "direct": m}
+
+    summary = summarise([seed(0), seed(4), seed(1)])
+    assert list(summary) == ["direct", "luftpause"]  # in the arms' order
+    assert summary["direct"]["provider_429s"] == {"median": 1, "min": 0, "max": 4}
+    assert cell(summary["direct"]["provider_429s"], 0) == "1 (0..4)"
+    assert cell(summary["direct"]["wall_s"], 1) == "1.0"
+    assert cell(None, 2) == "-"
+
+
+def test_the_table_has_a_row_per_arm_and_provider_shares_with_two_providers() -> None:
+    two = (Provider(id="p0", tpm=1_000), Provider(id="p1", tpm=1_000))
+    m = measure(
+        [turn(), turn(provider="p1")], {"p0": tally(), "p1": tally(refused=2)}, wall_s=1.0,
+        providers=two, window_real_s=1.0, regime="fixed",
+    )  # fmt: skip
+    rows = table({"two": {"summary": summarise([{"direct": m}])}}).splitlines()
+    assert len(rows) == 3 and rows[2].startswith("| two | direct | 2 |")
+    assert rows[2].endswith("| p0 0, 50%; p1 2, 50% |")
+
+
+def test_the_results_section_is_replaced_in_place_or_appended() -> None:
+    result = {"seeds": [0], "stated_limits": False, "scenarios": {}}
+    text_ = section(result)
+    assert text_.startswith(SECTION)
+    doc = "# Benchmark results\n\n## A\n\na\n"
+    once = put_section(doc, text_)
+    assert once.startswith(doc) and once.endswith(text_)
+    between = "# R\n\n" + text_ + "\n## Later\n\nlater\n"
+    again = put_section(between, section({**result, "seeds": [0, 1]}))
+    assert again.count(SECTION) == 1 and "Seeds [0, 1]" in again and again.endswith("later\n")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    importlib.util.find_spec("litellm") is None, reason="needs the bench extra (LiteLLM)"
+)
+async def test_the_quick_run_measures_all_three_arms_doing_the_same_work() -> None:
+    result = await run(parse_args(["--quick", "--no-report"]), save=False)
+    seeds = result["scenarios"]["fixed-openai"]["seeds"]
+    arms = seeds[0]["arms"]
+    assert sorted(arms) == ["direct", "litellm", "luftpause"]
+    assert all(a["turns_failed"] == 0 and a["turns"] > 0 for a in arms.values())
+    assert len({a["workload_tokens"] for a in arms.values()}) == 1
+    assert all(a["wall_over_ideal"] > 0 for a in arms.values())
