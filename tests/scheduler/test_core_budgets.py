@@ -161,12 +161,11 @@ def test_readings_teach_the_regime() -> None:
     fixed = w.Window(id="a")
     bucket = w.Window(id="b")
     for i in range(5):
-        # A fixed window: the reset stays at 60 s while turns are charged.
-        fixed = w.observe(fixed, tokens_left(900 - 100 * i, 60.0 - i), float(i), refused=False)
-        # A bucket: each turn moves the time until full later by what it cost (6 s a 100).
-        bucket = w.observe(
-            bucket, tokens_left(900 - 100 * i, 6.0 * (i + 1) - i), float(i), refused=False
-        )
+        used = 100 + 100 * i
+        # A fixed window: the reset runs down with the clock, whatever was used.
+        fixed = w.observe(fixed, tokens_left(1000 - used, 60.0 - i), float(i), refused=False)
+        # A bucket of 1000 a minute: its reset is always used / 1000 minutes.
+        bucket = w.observe(bucket, tokens_left(1000 - used, used * 0.06), float(i), refused=False)
     assert fixed.regime is w.Regime.FIXED and bucket.regime is w.Regime.CONTINUOUS
 
 
@@ -254,3 +253,16 @@ def test_a_reply_teaches_the_prediction_per_model_and_caller() -> None:
         state, _ = done(state, f"t{i}", at=1.5 + i, completion=10)
     replies = state.replies[(MODEL, "team-a")]
     assert replies.n == 4 and replies.predict(1.0) == pytest.approx(10.0)
+
+
+def test_readings_out_of_order_keep_the_lowest_count_and_the_earliest_reset() -> None:
+    """Two requests sent at once: the provider admitted B before A, but A's reply came first.
+    B's higher count does not undo A's, and the earlier of their reset times stands."""
+    window = w.Window(id="api")
+    window = w.observe(window, tokens_left(200, 10.3), 1.3, refused=False)  # A, slow reply
+    window = w.observe(window, tokens_left(300, 10.0), 1.4, refused=False)  # B
+    level = window.levels["tokens"]
+    assert level.base == 200 and level.full_at == pytest.approx(11.4)
+    # A reading of the next window (a reset a period later) starts it afresh.
+    window = w.observe(window, tokens_left(900, 60.0), 12.0, refused=False)
+    assert window.levels["tokens"].base == 900 and window.levels["tokens"].full_at == 72.0

@@ -82,16 +82,18 @@ class RateLimitBudget(_message.Message):
     def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., remaining: _Optional[int] = ..., reset_seconds: _Optional[float] = ...) -> None: ...
 
 class RateLimitReading(_message.Message):
-    __slots__ = ("budgets", "retry_after_seconds", "age_ms", "refused")
+    __slots__ = ("budgets", "retry_after_seconds", "age_ms", "refused", "sent_age_ms")
     BUDGETS_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     AGE_MS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SENT_AGE_MS_FIELD_NUMBER: _ClassVar[int]
     budgets: _containers.RepeatedCompositeFieldContainer[RateLimitBudget]
     retry_after_seconds: float
     age_ms: float
     refused: bool
-    def __init__(self, budgets: _Optional[_Iterable[_Union[RateLimitBudget, _Mapping]]] = ..., retry_after_seconds: _Optional[float] = ..., age_ms: _Optional[float] = ..., refused: _Optional[bool] = ...) -> None: ...
+    sent_age_ms: float
+    def __init__(self, budgets: _Optional[_Iterable[_Union[RateLimitBudget, _Mapping]]] = ..., retry_after_seconds: _Optional[float] = ..., age_ms: _Optional[float] = ..., refused: _Optional[bool] = ..., sent_age_ms: _Optional[float] = ...) -> None: ...
 
 class OpeningKey(_message.Message):
     __slots__ = ("hash", "bytes")

@@ -101,8 +101,9 @@ def refusal(turn_id: str, code: int, message: str, retry_after_s: float = 0.0) -
     return pb.Placement(turn_id=turn_id, refused=refused)
 
 
-def reading(message: pb.RateLimitReading, at: float) -> tuple[ratelimits.Reading, float]:
-    """A reported rate-limit reading, and when its headers arrived (on the `at` clock)."""
+def reading(message: pb.RateLimitReading, at: float) -> tuple[ratelimits.Reading, float, float]:
+    """A reported rate-limit reading, when its headers arrived and when its request went to
+    the engine (on the `at` clock)."""
     budgets = {
         b.name: ratelimits.Budget(
             limit=b.limit if b.HasField("limit") and b.limit >= 0 else None,
@@ -118,7 +119,8 @@ def reading(message: pb.RateLimitReading, at: float) -> tuple[ratelimits.Reading
     value = ratelimits.Reading(
         budgets=budgets, retry_after_s=retry if retry is None or retry >= 0 else None
     )
-    return value, at - max(message.age_ms, 0.0) / 1000.0
+    read_at = at - max(message.age_ms, 0.0) / 1000.0
+    return value, read_at, min(at - max(message.sent_age_ms, 0.0) / 1000.0, read_at)
 
 
 def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
@@ -126,9 +128,9 @@ def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
     kind = ev.WhichOneof("kind")
     if kind == "finished":
         u = ev.finished.usage
-        read, read_at = (None, 0.0)
+        read, read_at, sent_at = (None, 0.0, 0.0)
         if ev.finished.HasField("rate_limits"):
-            read, read_at = reading(ev.finished.rate_limits, at)
+            read, read_at, sent_at = reading(ev.finished.rate_limits, at)
         return e.TurnFinished(
             at=at,
             turn_id=ev.turn_id,
@@ -139,17 +141,19 @@ def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
             finish_reason=ev.finished.finish_reason,
             reading=read,
             reading_at=read_at,
+            reading_sent_at=sent_at,
         )
     if kind == "failed":
         if not ev.failed.HasField("rate_limits"):
             return e.TurnFailed(at=at, turn_id=ev.turn_id, reason=ev.failed.reason)
-        read, read_at = reading(ev.failed.rate_limits, at)
+        read, read_at, sent_at = reading(ev.failed.rate_limits, at)
         return e.TurnFailed(
             at=at,
             turn_id=ev.turn_id,
             reason=ev.failed.reason,
             reading=read,
             reading_at=read_at,
+            reading_sent_at=sent_at,
             refused=ev.failed.rate_limits.refused,
         )
     if kind == "abandoned":

@@ -25,7 +25,6 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.common.ratelimits import Reading
 from luftpause.scheduler.core import expiry, gate, holds, lifecycle, placement, queues, residency
 from luftpause.scheduler.core.events import (
     Action,
@@ -141,10 +140,10 @@ def _apply(d: Draft, event: Event) -> Applied:
         case Admit():
             return _admit(d, event)
         case TurnFinished():
-            _observe(d, event.turn_id, event.reading, event.reading_at, refused=False)
+            _observe(d, event, refused=False)
             return _after_turn_end(d, event.turn_id, at, event.tool_calls, event)
         case TurnFailed():
-            _observe(d, event.turn_id, event.reading, event.reading_at, refused=event.refused)
+            _observe(d, event, refused=event.refused)
             return _after_turn_end(d, event.turn_id, at, tool_calls=False)
         case TurnAbandoned():
             held = d.held.get(event.turn_id)
@@ -180,9 +179,6 @@ def _apply(d: Draft, event: Event) -> Applied:
             return [], []
         case TurnStarted():
             _stamp(d, event.turn_id, started_at=at)
-            turn = d.turns.get(event.turn_id)
-            if turn is not None and turn.windows:
-                gate.started(d, turn, at)
             return [], []
         case FirstToken():
             _stamp(d, event.turn_id, first_token_at=at)
@@ -318,10 +314,11 @@ def _drain_gate(d: Draft, at: float) -> Applied:
     return actions, buckets
 
 
-def _observe(d: Draft, turn_id: str, reading: Reading | None, at: float, *, refused: bool) -> None:
-    turn = d.turns.get(turn_id)
-    if reading is not None and turn is not None and not turn.single_pass:
-        gate.observe(d, turn, reading, at, refused=refused)
+def _observe(d: Draft, ev: TurnFinished | TurnFailed, *, refused: bool) -> None:
+    turn = d.turns.get(ev.turn_id)
+    if ev.reading is not None and turn is not None and not turn.single_pass:
+        sent_at = ev.reading_sent_at or ev.reading_at
+        gate.observe(d, turn, ev.reading, ev.reading_at, sent_at, refused=refused)
 
 
 def _place_action(

@@ -71,9 +71,11 @@ class TurnFinished:
     completion_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str = ""
-    # The reply's rate-limit headers and when they arrived (on the `at` clock).
+    # The reply's rate-limit headers, when they arrived and when its request went to the
+    # engine (on the `at` clock; the provider's count is as of then).
     reading: Reading | None = None
     reading_at: float = 0.0
+    reading_sent_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,6 +86,7 @@ class TurnFailed:
     # A refusal's rate-limit headers (a 429: `refused`) and when they arrived.
     reading: Reading | None = None
     reading_at: float = 0.0
+    reading_sent_at: float = 0.0
     refused: bool = False
 
 

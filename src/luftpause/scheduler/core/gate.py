@@ -297,14 +297,12 @@ def windows_of_turn(view: View, held: HeldTurn, replica_id: str) -> tuple[str, .
     return tuple(i for i in ids if i in view.windows and held.id in view.windows[i].pending)
 
 
-def started(d: Draft, turn: Turn, at: float) -> None:
-    for wid in turn.windows:
-        d.windows = d.windows.set(wid, w.started(d.windows[wid], turn.id, at))
-
-
-def observe(d: Draft, turn: Turn, reading: Reading, at: float, *, refused: bool) -> None:
-    """A reply of `turn`'s replica carried rate-limit headers (dated `at`): its window learns
-    them; a replica not rate-limited before is from now on."""
+def observe(
+    d: Draft, turn: Turn, reading: Reading, at: float, sent_at: float, *, refused: bool
+) -> None:
+    """A reply of `turn`'s replica carried rate-limit headers (arrived at `at`, its request
+    sent at `sent_at`): its window learns them; a replica not rate-limited before is from now
+    on."""
     wid = d.window_of.get(turn.replica)
     if wid is None:
         replica = d.replicas.get(turn.replica)
@@ -312,7 +310,10 @@ def observe(d: Draft, turn: Turn, reading: Reading, at: float, *, refused: bool)
             return
         wid = turn.replica
         _attach(d, d.windows.get(wid) or w.Window(id=wid), turn.replica)
-    d.windows = d.windows.set(wid, w.observe(d.windows[wid], reading, at, refused=refused))
+    window = w.observe(
+        d.windows[wid], reading, at, sent_at=sent_at, turn_id=turn.id, refused=refused
+    )
+    d.windows = d.windows.set(wid, window)
 
 
 def settle(

@@ -9,18 +9,21 @@ last reading, aged by the window's refill regime:
 - fixed: nothing comes back until the window resets (`full_at`), then all of it;
 - continuous: a token bucket, refilling `limit` per `period_s` (a minute) without pause;
 - unknown: as fixed, which is right or cautious for both (a continuous bucket is full by the
-  time its reset says). A provider's regime is learned from successive readings: in a fixed
-  window the reset time stays put while turns are charged, in a bucket it moves later by what
-  each turn cost (`vote`).
+  time its reset says). A provider's regime is learned from successive readings: a bucket's
+  reset always implies the same period (reset x limit / used), a fixed window's does not
+  (`_voted`).
 
 A limit stated in the endpoint file, or a caller key's, is a bucket of our own, starting full.
 
-What admitted turns will cost is reserved on admission (`reserve`). A reservation stays
-*pending* until the provider's count includes it: a reading dated after the turn's request
-started (`observe`), or a fixed window that reset since (`advance`); until then it is taken off
-what the level says (`available`). At the turn's end the reservation goes (`release`); if no
-reading ever counted it, its real cost (the reply's usage) comes off the level instead, as the
-provider charged it.
+What admitted turns will cost is reserved on admission (`reserve`) and taken off what the
+level says (`available`) until the turn's own reply brings a reading, which counts it: a
+provider's count as of admitting a request includes that request. Readings of requests sent
+at nearly the same moment arrive in any order, and a reading says nothing of which other
+requests it counted, so the level is the lowest of what the readings say once aged to the same
+moment (a newer count is never higher, but for a refill), and a turn whose reply had no reading
+has its real cost (the reply's usage) taken off the level at its end. This counts some turns
+twice while they are in flight, never none: the window never admits more than the provider's
+count allows.
 
 After a provider's 429 the window cools down until it said to come back, and `k`, the safety
 factor on predicted replies (mean + k sigma), rises by K_UP up to K_MAX; each turn that ends
@@ -49,10 +52,10 @@ COOLDOWN_DEFAULT_S = 1.0
 VOTES = 5
 """The regime is the majority of the last this many votes (a tie is fixed)."""
 
-EPOCH_TOLERANCE_S = 0.1
-EPOCH_TOLERANCE_COARSE_S = 0.6
-"""How far two readings' reset times may differ and still be one fixed window: resets given in
-whole seconds (`6m0s`) are up to half a second off."""
+IMPLIED_TOLERANCE = 0.02
+IMPLIED_SLACK_S = 0.002
+IMPLIED_COARSE_S = 0.5
+"""How far the periods two readings imply may differ and still be one bucket's (`_voted`)."""
 
 Cost = tuple[int, int, int, int]
 """What a turn costs, by `BUDGETS` (requests, tokens, input tokens, output tokens)."""
@@ -81,11 +84,10 @@ class Level:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Pending:
-    """A turn's reservation: its predicted cost, when its request started (-1: not yet), and
-    whether the provider's count includes it already."""
+    """A turn's reservation: its predicted cost, and whether the provider's count includes it
+    already (its own reply's reading did)."""
 
     cost: Cost
-    started_at: float = -1.0
     counted: bool = False
 
 
@@ -101,7 +103,7 @@ class Window:
     own: bool = False
     regime: Regime = Regime.UNKNOWN
     votes: tuple[bool, ...] = ()  # True: a vote for fixed
-    epoch: float | None = None  # the last reading's reset time, for the next vote
+    implied: float | None = None  # the period the last reading implied, for the next vote
     k: float = K_START
     cooldown_until: float = 0.0
     read_at: float = -1.0
@@ -180,12 +182,11 @@ def _level(level: Level, regime: Regime, now: float) -> float:
 
 
 def advance(window: Window, now: float) -> Window:
-    """`window` as of `now`: a fixed (or unknown) window past its reset starts full again, and
-    the reservations started before the reset were counted by the window that ended."""
+    """`window` as of `now`: a fixed (or unknown) window past its reset starts full again (the
+    turns in flight stay reserved: which window counts them is not known)."""
     if window.regime is Regime.CONTINUOUS:
         return window
     rolled: dict[str, Level] = {}
-    latest = -math.inf
     for name, level in window.levels.items():
         if level.full_at is not None and now >= level.full_at and level.limit:
             periods = math.floor((now - level.full_at) / level.period_s) + 1
@@ -197,13 +198,12 @@ def advance(window: Window, now: float) -> Window:
                 full_at=start + level.period_s,
                 period_s=level.period_s,
             )
-            latest = max(latest, start)
     if not rolled:
         return window
     levels = window.levels
     for name, level in rolled.items():
         levels = levels.set(name, level)
-    return _count(_with(window, levels=levels), latest)
+    return _with(window, levels=levels)
 
 
 def available(window: Window, name: str, now: float) -> float | None:
@@ -296,14 +296,6 @@ def reserve(window: Window, turn_id: str, cost: Cost) -> Window:
     )
 
 
-def started(window: Window, turn_id: str, at: float) -> Window:
-    pending = window.pending.get(turn_id)
-    if pending is None or pending.started_at >= 0:
-        return window
-    updated = Pending(cost=pending.cost, started_at=at, counted=pending.counted)
-    return _with(window, pending=window.pending.set(turn_id, updated))
-
-
 def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok: bool) -> Window:
     """The turn ended: its reservation goes; `actual` (the reply's usage) comes off the level
     if no reading counted the turn. `ok`: it ended with a reply (k decays)."""
@@ -344,19 +336,6 @@ def _charged(window: Window, cost: Cost, at: float) -> immutables.Map[str, Level
     return levels
 
 
-def _count(window: Window, through: float) -> Window:
-    """Mark counted every reservation whose request started by `through`."""
-    pending = window.pending
-    uncounted = window.uncounted
-    for turn_id, p in window.pending.items():
-        if not p.counted and 0 <= p.started_at <= through:
-            pending = pending.set(
-                turn_id, Pending(cost=p.cost, started_at=p.started_at, counted=True)
-            )
-            uncounted = _minus(uncounted, p.cost)
-    return _with(window, pending=pending, uncounted=uncounted)
-
-
 def _plus(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
@@ -377,9 +356,21 @@ def rebuild_uncounted(window: Window) -> Cost:
 # --- readings ---------------------------------------------------------------------------------
 
 
-def observe(window: Window, reading: Reading, at: float, *, refused: bool) -> Window:
-    """A provider's reading, its headers dated `at`. An older reading than the last one only
-    counts its 429. A refusal cools the window down and makes predictions more cautious."""
+def observe(
+    window: Window,
+    reading: Reading,
+    at: float,
+    *,
+    sent_at: float | None = None,
+    turn_id: str = "",
+    refused: bool,
+) -> Window:
+    """A provider's reading: its headers arrived at `at`, the request they answer was sent at
+    `sent_at` (default `at`). It counts `turn_id`, the reply's own turn; its levels are dated
+    `at`, which is never early. Each budget keeps the lower of what it held and what the
+    reading says, both aged to `at` (see the module). A refusal cools the window down (from
+    `at`) and makes predictions more cautious."""
+    sent = at if sent_at is None else min(sent_at, at)
     window = advance(window, at)
     changes: dict[str, Any] = {}
     if refused:
@@ -390,8 +381,8 @@ def observe(window: Window, reading: Reading, at: float, *, refused: bool) -> Wi
         changes["cooldown_until"] = max(window.cooldown_until, at + wait)
         changes["k"] = min(window.k + K_UP, K_MAX)
         changes["provider_429s"] = window.provider_429s + 1
-    if at < window.read_at or not reading.budgets:
-        return _with(window, **changes)
+    if not reading.budgets:
+        return _count_turn(_with(window, **changes), turn_id)
     levels = window.levels
     for name, budget in reading.budgets.items():
         old = levels.get(name, Level())
@@ -400,35 +391,80 @@ def observe(window: Window, reading: Reading, at: float, *, refused: bool) -> Wi
         if remaining is None:
             continue
         limit = max(limit, remaining)
-        full_at = at + budget.reset_s if budget.reset_s is not None else None
+        full_at = _reset_at(old if name in levels else None, budget.reset_s, at)
         period = old.period_s
         if budget.reset_s and limit > remaining and window.regime is Regime.CONTINUOUS:
             seen = budget.reset_s * limit / (limit - remaining)
             period = min(max(period + 0.2 * (seen - period), 1.0), 3600.0)
-        levels = levels.set(
-            name,
-            Level(limit=limit, base=float(remaining), at=at, full_at=full_at, period_s=period),
-        )
+        new = Level(limit=limit, base=float(remaining), at=at, full_at=full_at, period_s=period)
+        if name in levels and not window.own:
+            held = _level(old, window.regime, at)
+            if held < _level(new, window.regime, at):
+                new = Level(
+                    limit=limit,
+                    base=min(held, float(limit)),
+                    at=at,
+                    full_at=full_at,
+                    period_s=period,
+                )
+        levels = levels.set(name, new)
     if window.own:  # stated limits gave a bucket of our own: the provider's regime is learned
         changes.update(regime=Regime.UNKNOWN, votes=())
-    window = _with(window, levels=levels, read_at=at, own=False, **changes)
-    return _count(_voted(window, reading, at), at)
+    read_at = max(window.read_at, sent)
+    window = _with(window, levels=levels, read_at=read_at, own=False, **changes)
+    return _count_turn(_voted(window, reading), turn_id)
 
 
-def _voted(window: Window, reading: Reading, at: float) -> Window:
-    """Cast the reading's vote on the regime (see the module's docstring)."""
-    budget = reading.budgets.get("tokens") or reading.budgets.get("requests")
-    if budget is None or budget.reset_s is None or budget.remaining is None:
+def _reset_at(old: Level | None, reset_s: float | None, at: float) -> float | None:
+    """When a budget is full again by a reading whose headers arrived at `at`. A provider says
+    its reset relative to when it wrote the headers, some time between the request's arrival
+    and `at`: `at + reset_s` is never early, and of the readings of one window the earliest
+    is the closest (a reset more than half a period later is the next window's)."""
+    if reset_s is None:
+        return None
+    when = at + reset_s
+    if old is None or old.full_at is None or old.full_at < at:
+        return when
+    if when > old.full_at + old.period_s / 2:
+        return when
+    return min(when, old.full_at)
+
+
+def _count_turn(window: Window, turn_id: str) -> Window:
+    """Mark `turn_id`'s reservation counted (its own reply's reading counted it)."""
+    p = window.pending.get(turn_id)
+    if p is None or p.counted:
         return window
-    epoch = at + budget.reset_s
-    if window.epoch is None or budget.limit is None or budget.remaining >= budget.limit:
-        return _with(window, epoch=epoch)
-    coarse = float(budget.reset_s).is_integer()
-    tolerance = EPOCH_TOLERANCE_COARSE_S if coarse else EPOCH_TOLERANCE_S
-    level = window.levels.get("tokens") or window.levels.get("requests")
-    period = level.period_s if level is not None else MINUTE_S
-    moved = (epoch - window.epoch) % period
-    fixed = min(moved, period - moved) <= tolerance
-    votes = (*window.votes, fixed)[-VOTES:]
+    counted = Pending(cost=p.cost, counted=True)
+    return _with(
+        window,
+        pending=window.pending.set(turn_id, counted),
+        uncounted=_minus(window.uncounted, p.cost),
+    )
+
+
+def _voted(window: Window, reading: Reading) -> Window:
+    """Cast the reading's vote on the regime (see the module's docstring).
+
+    A bucket that refills `limit` per period says, in any reading, a reset (until full) of
+    (limit - remaining) / limit periods: the period it implies, reset * limit / (limit -
+    remaining), is the same in every reading. A fixed window's reset runs down with the clock
+    whatever was used, so the period it implies changes from reading to reading. Read from the
+    headers alone, the vote does not depend on when they arrived."""
+    budget = reading.budgets.get("tokens") or reading.budgets.get("requests")
+    if budget is None:
+        budget = next(iter(reading.budgets.values()), None)
+    if budget is None or budget.reset_s is None or budget.remaining is None or not budget.limit:
+        return window
+    if budget.remaining >= budget.limit or budget.reset_s <= 0:
+        return window
+    implied = budget.reset_s * budget.limit / (budget.limit - budget.remaining)
+    if window.implied is None:
+        return _with(window, implied=implied)
+    # A reset given in whole seconds (`6m0s`) is up to half a second off.
+    slack = IMPLIED_COARSE_S if float(budget.reset_s).is_integer() else IMPLIED_SLACK_S
+    slack *= budget.limit / (budget.limit - budget.remaining)
+    same = abs(implied - window.implied) <= IMPLIED_TOLERANCE * window.implied + slack
+    votes = (*window.votes, not same)[-VOTES:]
     regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
-    return _with(window, epoch=epoch, votes=votes, regime=regime)
+    return _with(window, implied=implied, votes=votes, regime=regime)
