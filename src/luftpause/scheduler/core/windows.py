@@ -80,6 +80,8 @@ class Level:
     # When a fixed window resets, or a bucket is full again (None: not known).
     full_at: float | None = None
     period_s: float = MINUTE_S
+    # `full_at` is a guess (a period after a reset passed), not a provider's word.
+    guessed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,6 +199,7 @@ def advance(window: Window, now: float) -> Window:
                 at=start,
                 full_at=start + level.period_s,
                 period_s=level.period_s,
+                guessed=True,
             )
     if not rolled:
         return window
@@ -423,7 +426,7 @@ def _reset_at(old: Level | None, reset_s: float | None, at: float) -> float | No
     if reset_s is None:
         return None
     when = at + reset_s
-    if old is None or old.full_at is None or old.full_at < at:
+    if old is None or old.full_at is None or old.guessed or old.full_at < at:
         return when
     if when > old.full_at + old.period_s / 2:
         return when
