@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from luftpause.common.config import Endpoint
-from luftpause.scheduler.core.events import Admit, ProbeResult, TurnFinished
+from luftpause.common.limits import Limits
+from luftpause.scheduler.core.events import Admit, ProbeResult, Reject, TurnFinished
 from luftpause.scheduler.core.model import ServiceClass
 from luftpause.scheduler.host import SchedulerHost
 from tests.scheduler.helpers import MODEL
@@ -54,3 +55,21 @@ def test_each_replica_shows_its_engine_load_and_kv_pool_against_its_resident_run
     assert value(host, "luftpause_replica_resident_runs", replica) == 1
     other = "b" if replica == "a" else "a"
     assert value(host, "luftpause_replica_resident_runs", other) == 0
+
+
+def test_each_rate_limit_window_shows_its_budget_reservations_k_and_refusals() -> None:
+    host = SchedulerHost(
+        [Endpoint(id="api", url="http://api:1", models=frozenset({MODEL}), limits=Limits(tpm=600))],
+        clock=lambda: 1.0,
+    )
+    host.apply(ProbeResult(at=0.0, replica_id="api", healthy=True))
+    host.apply(Admit(at=1.0, turn_id="t1", run_id="r1", model=MODEL, prompt_bytes=400))
+    refused = host.apply(Admit(at=1.0, turn_id="big", run_id="r2", model=MODEL, prompt_bytes=9000))
+    assert isinstance(refused[0], Reject)
+    labels = {"window": "api", "kind": "endpoint", "dimension": "tokens"}
+    sample = host.metrics.registry.get_sample_value
+    assert sample("luftpause_budget_limit", labels) == 600
+    assert sample("luftpause_budget_reserved", labels) == 100 + 256  # prompt + default reply
+    assert sample("luftpause_budget_k", {"window": "api", "kind": "endpoint"}) == 1.0
+    assert sample("luftpause_budget_refused", {"window": "api", "kind": "endpoint"}) == 1
+    assert sample("luftpause_turns_refused_for_budget_total", {}) == 1

@@ -224,6 +224,7 @@ async def test_status_page_shows_replicas_and_follows_a_replica_going_down(
     heads = await page.evaluate(TABLE_HEADS)
     assert heads["held"] == ["class", "caller", "count", "oldest wait (s)"]
     assert heads["runs"] == ["phase", "interactive", "batch"]
+    assert heads["budgets"][:4] == ["window", "kind", "replicas", "regime"]
     assert await page.evaluate(RUN_PHASES) == list((await stack.status())["runs"])
     await page.evaluate("window.loadedOnce = true")
 
