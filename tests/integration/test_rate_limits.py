@@ -28,6 +28,7 @@ from luftpause.testkit.waits import read_metrics
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 OPENAI_MODEL, ANTHROPIC_MODEL, STATED_MODEL, SURPRISE_MODEL = "oai", "claude", "stated", "surprise"
+TWIN_MODEL = "twin"
 HOSTED = ("--time-scale", "20", "--reply-tokens", "40", "--rate-limit-charge", "usage")
 # Rate-limited from the start, the limits learned from the first reply's headers.
 LEARN = {"limits": {}}
@@ -95,6 +96,13 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
                 "1000",
                 models=[STATED_MODEL],
                 options={"limits": {"tpm": 1000}},
+            ),
+            # Two providers of one model, one with twice the other's budget.
+            "twin-a": await launcher.engine(
+                "twin-a", *HOSTED, "--tpm", "400", models=[TWIN_MODEL], options=LEARN
+            ),
+            "twin-b": await launcher.engine(
+                "twin-b", *HOSTED, "--tpm", "800", models=[TWIN_MODEL], options=LEARN
             ),
             "surprise": await launcher.engine(
                 "surprise", *HOSTED, "--tpm", "100000", models=[SURPRISE_MODEL], options=LEARN
@@ -189,3 +197,15 @@ async def test_a_provider_that_lowers_its_limit_mid_run_costs_a_429_the_client_n
             if key.startswith("luftpause_dataplane_turns_total{") and 'outcome="retried"' in key
         )
     assert retried == counts["refused"]
+
+
+async def test_with_two_providers_of_one_model_turns_go_where_there_is_headroom(
+    stack: Stack,
+) -> None:
+    """Four windows' worth of turns for two providers: both serve, in proportion to their
+    budgets, and neither refuses one."""
+    replies = await flood(stack, TWIN_MODEL, 24)
+    a, b = [(await stack.limits(e))["counts"] for e in ("twin-a", "twin-b")]
+    assert all(replies) and a["served"] + b["served"] == 24
+    assert a["refused"] == b["refused"] == 0
+    assert a["served"] >= 4 and b["served"] > a["served"]
