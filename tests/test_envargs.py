@@ -32,6 +32,8 @@ PARSERS = {
     "loadgen": "luftpause.testkit.loadgen_cli",
     "up": "luftpause.up",
 }
+# Subcommands that are tools run by hand, not processes: no option a variable could set.
+TOOLS = {"keys": "luftpause.common.keys_cli"}
 
 
 def parser_of(name: str) -> argparse.ArgumentParser:
@@ -62,7 +64,13 @@ def test_the_variable_is_the_long_option_upper_case_with_underscores() -> None:
 
 
 def test_every_subcommand_has_its_command_line_listed_here() -> None:
-    assert set(PARSERS) == set(SUBCOMMANDS)
+    assert set(PARSERS) | set(TOOLS) == set(SUBCOMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_a_tool_has_no_long_option_a_variable_would_miss(name: str) -> None:
+    parser: argparse.ArgumentParser = importlib.import_module(TOOLS[name]).build_parser()
+    assert [var for _, var in envargs.options(parser)] == []
 
 
 @pytest.mark.parametrize("name", sorted(PARSERS))

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "llama-engine": ("luftpause.testkit.llamacpp", "llama.cpp serving Gemma 3 270M (`real` extra)"),
     "loadgen": ("luftpause.testkit.loadgen_cli", "closed-loop own-loop agents against a base URL"),
     "up": ("luftpause.up", "the whole local stack as child processes"),
+    "keys": ("luftpause.common.keys_cli", "hash a caller key, or make a new one"),
 }
 
 
