@@ -176,3 +176,50 @@ def test_generative_models_are_sorted_once_each_without_single_pass_ones() -> No
         }
     )
     assert config.generative_models() == ("alpha", "zeta")
+
+
+def test_limits_are_parsed_with_their_defaults() -> None:
+    config = parse_config(
+        {
+            "endpoints": [
+                {"id": "a", "url": "http://a:1", "models": ["m"], "limits": {}},
+                {
+                    "id": "b",
+                    "url": "http://b:1",
+                    "models": ["m"],
+                    "limits": {
+                        "tpm": 1000,
+                        "itpm": 10,
+                        "share": "org",
+                        "charges": "max_tokens",
+                        "headers": {"X-RateLimit-Remaining-Tokens": "X-Left"},
+                    },
+                },
+                {"id": "c", "url": "http://c:1", "models": ["m"]},
+            ]
+        }
+    )
+    a, b, c = config.endpoints
+    assert a.limits is not None and a.limits.per_minute() == {} and c.limits is None
+    assert b.limits is not None and b.limits.per_minute() == {"tokens": 1000, "input_tokens": 10}
+    assert (b.limits.share, b.limits.charges) == ("org", "max_tokens")
+    assert b.limits.headers == {"x-ratelimit-remaining-tokens": "x-left"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "says"),
+    [
+        ([1000], "must be a mapping"),
+        ({"tpm": -1}, "limits.tpm must be a whole number >= 0"),
+        ({"tpm": "lots"}, "limits.tpm must be a whole number >= 0"),
+        ({"rpn": 5}, "unknown keys ['rpn']"),
+        ({"charges": "sometimes"}, "charges must be one of usage, max_tokens"),
+        ({"headers": ["x"]}, "headers must map header names"),
+        ({"share": 5}, "share must be a string"),
+    ],
+)
+def test_bad_limits_are_refused_with_what_is_wrong(limits: object, says: str) -> None:
+    raw = {"endpoints": [{"id": "a", "url": "http://a:1", "models": ["m"], "limits": limits}]}
+    with pytest.raises(ConfigError) as err:
+        parse_config(raw)
+    assert says in str(err.value)

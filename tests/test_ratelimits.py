@@ -129,3 +129,11 @@ def test_malformed_headers_are_named_and_left_out_never_raised() -> None:
     }
     assert reading.budgets == {"requests": Budget(remaining=12)}
     assert reading.retry_after_s is None
+
+
+def test_a_provider_that_renames_the_headers_is_read_by_its_own_names() -> None:
+    names = {"x-ratelimit-remaining-tokens": "x-remaining-tokens"}
+    headers = {"X-Remaining-Tokens": "42", "x-ratelimit-limit-tokens": "100"}
+    reading = read(CIMultiDict(headers), 0.0, names)
+    assert reading is not None and reading.budgets["tokens"].remaining == 42
+    assert read(CIMultiDict({"X-Remaining-Tokens": "42"}), 0.0) is None
