@@ -14,6 +14,7 @@ import grpc
 import pytest
 from aiohttp import web
 
+from luftpause.common.keys import KeysFile
 from luftpause.dataplane.app import build_app, start_server
 from luftpause.dataplane.context import DATAPLANE, Dataplane
 from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
@@ -76,6 +77,7 @@ async def running_stack(
     transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
     token: bytes | None = None,
     local_placement: bool = True,
+    keys: KeysFile | None = None,
 ) -> AsyncIterator[Stack]:
     engine = FakeEngine()
     engine_runner, engine_url = await start_engine(engine)
@@ -88,6 +90,7 @@ async def running_stack(
         transport_factory=transport_factory,
         reconnect_delay=0.05,
         token=token,
+        keys=keys,
         local_placement=local_placement,
     )
     runner, port = await start_server(app, "127.0.0.1", 0)

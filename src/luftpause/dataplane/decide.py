@@ -34,12 +34,11 @@ from luftpause.dataplane.errors import (
     SchedulerError,
 )
 from luftpause.dataplane.forwarding import (
-    CALLER_HEADER,
     RUN_ID_HEADER,
     downstream_headers,
     upstream_headers,
 )
-from luftpause.dataplane.identity import ServiceClass, check_run_id, cut_caller
+from luftpause.dataplane.identity import ServiceClass, check_run_id
 from luftpause.dataplane.labels import (
     ClassifyRequest,
     LabelsRequest,
@@ -48,7 +47,7 @@ from luftpause.dataplane.labels import (
     parse_decide_body,
     score_labels,
 )
-from luftpause.dataplane.middleware import json_error
+from luftpause.dataplane.middleware import caller_of, identity_of, json_error
 from luftpause.dataplane.proxy import read_body
 from luftpause.dataplane.reply import summarize_completion
 from luftpause.dataplane.turn import Turn
@@ -81,7 +80,7 @@ async def decide(request: web.Request) -> web.StreamResponse:
         ask = parse_decide_body(body)
     except DataplaneError as exc:
         return json_error(exc.status, exc.message, run_id=run_id)
-    caller = cut_caller(request.headers.get(CALLER_HEADER))
+    caller = caller_of(request)
     if isinstance(ask, ClassifyRequest):
         return await _classify(request, dp, ask, body, run_id, caller, arrived)
     return await _labels(request, dp, ask, run_id, caller, arrived)
@@ -104,6 +103,7 @@ async def _classify(
         caller=caller,
         request_bytes=len(body),
         single_pass=True,
+        key=identity_of(request).key,
     )
     try:
         reply = await _exchange(request, dp, turn, "/classify", body, run_id)
@@ -136,6 +136,7 @@ async def _labels(
         service_class=ServiceClass.INTERACTIVE,
         caller=caller,
         request_bytes=len(body),
+        key=identity_of(request).key,
     )
     try:
         reply = await _exchange(request, dp, turn, "/v1/chat/completions", body, run_id)
@@ -180,6 +181,7 @@ async def _exchange(
         caller=turn.caller,
         dataplane_id=dp.dataplane_id,
         single_pass=turn.single_pass,
+        key=turn.key,
     )
     try:
         placement = await dp.link.admit(admit)

@@ -76,6 +76,19 @@ def cut_caller(raw: str | None) -> str:
     return data[:CALLER_MAX_BYTES].decode("utf-8", "ignore")
 
 
+def narrow_caller(base: str, raw: str | None) -> str:
+    """The caller of a turn whose key is `base` ("" for none): `x-luftpause-caller` may only
+    narrow it. A header equal to `base` or under `base/` is taken as is, any other becomes
+    `base/<header>`, so a key never speaks for another; then cut as `cut_caller` does (a key's
+    name is at most 64 bytes, so the cut never reaches it)."""
+    if not base:
+        return cut_caller(raw)
+    sub = (raw or "").strip()
+    if sub and sub != base and not sub.startswith(base + "/"):
+        sub = f"{base}/{sub}"
+    return cut_caller(sub or base)
+
+
 def echoed_tool_call_ids(messages: list[Any]) -> Iterable[str]:
     """The `tool_call_id`s of the request's tool messages, latest first."""
     for message in reversed(messages):

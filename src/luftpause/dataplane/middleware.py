@@ -6,12 +6,14 @@ Shell module. In `build_app` order, outermost first:
   Handlers return their expected errors themselves (they know the run id); this catches the
   rest: aiohttp's own 404 / 405 / 413, our errors raised past a handler, and anything
   unexpected, which is logged with its stack and answered 500 without it.
-- `auth_middleware(token)`: 401 with `WWW-Authenticate: Bearer` unless the request carries the
-  token (the decision is `common.auth.bearer_ok`); `/health`, `/ready` and `/metrics` stay
+- `auth_middleware(token, keys)`: 401 with `WWW-Authenticate: Bearer` unless the request carries
+  the token or a key of the keys file, 403 for acting for a key one may not (the decision is
+  `common.auth.authenticate`); the request's `Identity` is kept under `IDENTITY` (read it with
+  `identity_of`, the turn's caller with `caller_of`). `/health`, `/ready` and `/metrics` stay
   open.
 - `identity_middleware`: a run id that is not UTF-8 or too long, or an unknown class, is a 400
   before any handler reads it (aiohttp hands header bytes that are not UTF-8 over as surrogate
-  escapes, which protobuf refuses to encode).
+  escapes, which protobuf refuses to encode); a turn of a class its key may not use is a 403.
 """
 
 from __future__ import annotations
@@ -23,12 +25,29 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from luftpause.common.auth import CHALLENGE, bearer_ok, protected
+from luftpause.common.auth import (
+    ANYONE,
+    CHALLENGE,
+    ON_BEHALF_OF_HEADER,
+    Identity,
+    Refused,
+    authenticate,
+    protected,
+)
+from luftpause.common.keys import KeysFile
 from luftpause.dataplane.errors import DataplaneError
-from luftpause.dataplane.forwarding import CLASS_HEADER, RUN_ID_HEADER
-from luftpause.dataplane.identity import check_run_id, parse_service_class
+from luftpause.dataplane.forwarding import CALLER_HEADER, CLASS_HEADER, RUN_ID_HEADER
+from luftpause.dataplane.identity import (
+    ServiceClass,
+    check_run_id,
+    narrow_caller,
+    parse_service_class,
+)
 
 log = structlog.get_logger("luftpause.dataplane")
+IDENTITY = web.RequestKey("identity", Identity)
+# The turns whose class a key must be allowed: a decision is an interactive turn.
+_CLASSED = {"/v1/chat/completions": None, "/v1/decide": ServiceClass.INTERACTIVE}
 
 
 def json_error(
@@ -77,18 +96,34 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return json_error(500, "internal error in the dataplane")
 
 
-def auth_middleware(token: bytes) -> Middleware:
-    """Require `Authorization: Bearer <token>` everywhere but the open paths."""
+def identity_of(request: web.Request) -> Identity:
+    """Who the request is (anyone when auth is off)."""
+    return request.get(IDENTITY, ANYONE)
+
+
+def caller_of(request: web.Request) -> str:
+    """The turn's caller: the key's name, narrowed by `x-luftpause-caller`."""
+    return narrow_caller(identity_of(request).caller, request.headers.get(CALLER_HEADER))
+
+
+def auth_middleware(token: bytes | None, keys: KeysFile | None = None) -> Middleware:
+    """Require `Authorization: Bearer <token or key>` everywhere but the open paths."""
 
     @web.middleware
     async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if protected(request.path) and not bearer_ok(request.headers.get("Authorization"), token):
-            log.info("unauthorized request", method=request.method, path=request.path)
-            return json_error(
-                401,
-                "missing or invalid bearer token (Authorization: Bearer <token>)",
-                headers=dict(CHALLENGE),
+        if not protected(request.path):
+            return await handler(request)
+        try:
+            request[IDENTITY] = authenticate(
+                request.headers.get("Authorization"),
+                request.headers.get(ON_BEHALF_OF_HEADER),
+                token=token,
+                keys=None if keys is None else keys.current(),
             )
+        except Refused as exc:
+            log.info("refused request", method=request.method, path=request.path, error=exc.message)
+            headers = dict(CHALLENGE) if exc.status == 401 else None
+            return json_error(exc.status, exc.message, headers=headers)
         return await handler(request)
 
     return check_token
@@ -100,8 +135,13 @@ async def identity_middleware(request: web.Request, handler: Handler) -> web.Str
     if not request.path.startswith("/v1/"):
         return await handler(request)
     try:
-        check_run_id(request.headers.get(RUN_ID_HEADER))
-        parse_service_class(request.headers.get(CLASS_HEADER))
+        run_id = check_run_id(request.headers.get(RUN_ID_HEADER))
+        service_class = parse_service_class(request.headers.get(CLASS_HEADER))
     except DataplaneError as exc:
         return json_error(exc.status, exc.message, run_id=uuid4().hex)
+    if request.method == "POST" and request.path in _CLASSED:
+        try:
+            identity_of(request).check_class((_CLASSED[request.path] or service_class).name.lower())
+        except Refused as exc:
+            return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex)
     return await handler(request)
