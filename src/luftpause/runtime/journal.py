@@ -14,7 +14,9 @@ JSON object per line, each ending in a newline; every record carries the format 
 
 A spawned record's spec carries `"traceparent"` (the W3C trace context of the run's
 `invoke_agent` span) when the runtime traces; the field is optional in format 1 (a spec without
-it reads as untraced), so a resumed run's new span can link to the trace it began in.
+it reads as untraced), so a resumed run's new span can link to the trace it began in. It carries
+`"key"`, the name (never the secret) of the keys file's key the run belongs to, when the runtime
+has a keys file; optional likewise (a spec without it belongs to no key).
 
 A `turn` record is written only for a turn with a call that waits for the user's approval,
 before the first question of its round; the round record that completes it follows later.

@@ -4,7 +4,10 @@ decisions through the dataplane's POST /v1/decide.
 Shell module (network I/O). A 429 is retried after its Retry-After (else 1 s) for as long as
 the run lives (cancelling the run's task ends the wait); any other failure is retried a few
 times with backoff, then raised as `TurnError` and the run fails with it. With tracing on, each
-request is a `chat` span (`spans`) whose traceparent goes to the dataplane.
+request is a `chat` span (`spans`) whose traceparent goes to the dataplane. A run that belongs
+to a key of the keys file (`owners`) sends its turns on behalf of that key
+(`x-luftpause-on-behalf-of`), with the runtime's own bearer (`LUFTPAUSE_RUNTIME_KEY`, a service
+key, else `LUFTPAUSE_TOKEN`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from openai import AsyncOpenAI
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
+from luftpause.common.auth import ON_BEHALF_OF_HEADER
 from luftpause.runtime import spans
 from luftpause.runtime.errors import TurnError
 from luftpause.runtime.hygiene import recover_text_calls
@@ -51,7 +55,7 @@ class Llm:
         self, dataplane: str, *, timeout: float = TURN_TIMEOUT, token: str | None = None
     ) -> None:
         self.dataplane = dataplane.rstrip("/")
-        # With LUFTPAUSE_TOKEN set, the runtime sends the same bearer to the dataplane.
+        # The runtime's service key, else LUFTPAUSE_TOKEN: the bearer it sends the dataplane.
         self.client = AsyncOpenAI(
             base_url=f"{self.dataplane}/v1",
             api_key=token or "luftpause",
@@ -118,6 +122,8 @@ class Llm:
             "x-luftpause-class": spec.service_class,
             "x-luftpause-caller": spec.caller,
         }
+        if spec.key:
+            headers[ON_BEHALF_OF_HEADER] = spec.key
         reply = await self.client.chat.completions.create(
             model=spec.model,
             messages=list(messages),  # type: ignore[arg-type]
@@ -161,17 +167,17 @@ class Llm:
             )
         return self._http
 
-    async def decide(self, body: dict[str, Any], caller: str) -> dict[str, Any]:
-        """POST /v1/decide; its JSON answer, or `TurnError` with the dataplane's message.
+    async def decide(self, body: dict[str, Any], caller: str, key: str = "") -> dict[str, Any]:
+        """POST /v1/decide (on behalf of `key`, if any); its JSON answer, or `TurnError` with
+        the dataplane's message.
 
         A 429 is waited out like a turn's (Retry-After, else 1 s), for as long as the caller.
         """
         url = f"{self.dataplane}/v1/decide"
+        headers = {"x-luftpause-caller": caller, **({ON_BEHALF_OF_HEADER: key} if key else {})}
         while True:
             try:
-                async with self._session().post(
-                    url, json=body, headers={"x-luftpause-caller": caller}
-                ) as resp:
+                async with self._session().post(url, json=body, headers=headers) as resp:
                     text = await resp.text()
                     if resp.status == 429:
                         await asyncio.sleep(retry_after(resp.headers))

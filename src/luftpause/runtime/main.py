@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,8 @@ import structlog
 import uvicorn
 
 from luftpause.common import envargs, tracing
-from luftpause.common.auth import TOKEN_ENV, token_from_env
+from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV, Identity, token_from_env
+from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.runtime import spans
@@ -43,7 +45,7 @@ from luftpause.runtime.llm import Llm
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.readiness import DataplaneReadiness
 from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server, spec_from
+from luftpause.runtime.server import build_server, spawn_owned, spec_from
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
 from luftpause.runtime.upstream import Upstreams
@@ -64,6 +66,7 @@ class RuntimeConfig:
     model: str = "luftpause-sim"
     decide_model: str | None = None
     cors_origins: tuple[str, ...] = DEFAULT_ORIGINS
+    keys_file: Path | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -99,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="origin whose pages may read GET /status, e.g. the scheduler's status page "
         f"(default {' and '.join(DEFAULT_ORIGINS)}; * for any); repeatable",
     )
+    p.add_argument(
+        "--keys-file",
+        metavar="PATH",
+        help="keys per caller, the dataplane's file: MCP clients then need one of its keys (or "
+        f"LUFTPAUSE_TOKEN), and a run's turns count against the key that spawned it, sent with "
+        f"{RUNTIME_KEY_ENV} (a key with acts_for) as bearer; reloaded when it changes",
+    )
     return p
 
 
@@ -118,6 +128,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             model=ns.model,
             decide_model=ns.decide_model,
             cors_origins=tuple(ns.cors_origin or DEFAULT_ORIGINS),
+            keys_file=Path(ns.keys_file) if ns.keys_file else None,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -132,7 +143,10 @@ class _Uvicorn(uvicorn.Server):
 
 
 async def serve(
-    config: RuntimeConfig, stop: asyncio.Event, log: structlog.stdlib.BoundLogger
+    config: RuntimeConfig,
+    stop: asyncio.Event,
+    log: structlog.stdlib.BoundLogger,
+    keys: KeysFile | None = None,
 ) -> None:
     """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
     # Bind first, so a taken port is an OSError (one clear line from run_async) before anything
@@ -141,9 +155,12 @@ async def serve(
     upstreams = Upstreams(list(config.mcp_servers), list(config.mcp_stdio))
     upstreams.start()
     token = token_from_env(os.environ)
-    if token is None:
+    if token is None and keys is None:
         log.warning(f"auth is off: {TOKEN_ENV} is not set, every MCP client is accepted")
-    llm = Llm(config.dataplane, token=token.decode() if token else None)
+    bearer = token_from_env(os.environ, RUNTIME_KEY_ENV) or token
+    if keys is not None and bearer is None:
+        log.warning(f"keys without {RUNTIME_KEY_ENV} or {TOKEN_ENV}: turns carry no bearer")
+    llm = Llm(config.dataplane, token=bearer.decode() if bearer else None)
     metrics = RuntimeMetrics()
     observe = metrics.journal_append.observe
     runtime = Runtime(
@@ -151,8 +168,9 @@ async def serve(
     )
     resumed = runtime.resume()
 
-    async def spawn(args: dict[str, Any], caller: str) -> str:
-        return await runtime.spawn(spec_from(spawn_args(args), caller, config.model))
+    async def spawn(args: dict[str, Any], caller: str, identity: Identity) -> str:
+        spec = spec_from(spawn_args(args), caller, config.model)
+        return await spawn_owned(runtime, spec, identity, keys)
 
     task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe)
     tasks = TasksExtension(runtime, task_file, spawn)
@@ -164,13 +182,10 @@ async def serve(
         decide_model=config.decide_model,
         extensions=[tasks],
         readiness=readiness.check,
+        keys=keys,
     )
-    app = StatusCors(
-        BearerAuth(
-            server_.streamable_http_app(streamable_http_path="/mcp", host=config.host), token
-        ),
-        config.cors_origins,
-    )
+    mcp_app = server_.streamable_http_app(streamable_http_path="/mcp", host=config.host)
+    app = StatusCors(BearerAuth(mcp_app, token, keys), config.cors_origins)
     server = _Uvicorn(
         uvicorn.Config(
             spans.TraceHeaders(app) if tracing.enabled() else app,
@@ -203,6 +218,11 @@ async def serve(
 def main(argv: list[str]) -> int:
     """Entry point of `luftpause runtime`."""
     config = parse_args(argv)
+    try:
+        keys = KeysFile(config.keys_file) if config.keys_file else None
+    except KeysError as exc:
+        print(f"luftpause runtime: {exc}", file=sys.stderr)
+        return 2
     tracing.setup("runtime")
     log = setup_logging("runtime")
-    return run_async(lambda stop: serve(config, stop, log), name="runtime")
+    return run_async(lambda stop: serve(config, stop, log, keys), name="runtime")

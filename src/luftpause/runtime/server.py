@@ -6,7 +6,8 @@ Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus JSO
 health and readiness routes. Every tool answers with structured JSON; the work is
 `runs.Runtime`'s, the questions to the user during await and run are `ask`'s. Each tool is a
 method of `RuntimeTools` (its docstring is the tool's description); spawn and run take their
-shared parameters as one record (`arguments.SpawnArgs`, `RunArgs`), flat on the wire.
+shared parameters as one record (`arguments.SpawnArgs`, `RunArgs`), flat on the wire. A run
+belongs to the key its spawn request came with (`auth`, `owners`), when there is a keys file.
 """
 
 from __future__ import annotations
@@ -25,11 +26,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from luftpause.common import tracing
+from luftpause.common.auth import ANYONE, Identity
+from luftpause.common.keys import KeysFile
 from luftpause.runtime import machine as m
 from luftpause.runtime import spans, tree
 from luftpause.runtime.arguments import AWAIT_DEFAULT, RunArgs, SpawnArgs, Timeout, flat_tool
 from luftpause.runtime.ask import covering_wait
+from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError, TurnError
+from luftpause.runtime.owners import owned
 from luftpause.runtime.readiness import Verdict
 from luftpause.runtime.runs import Runtime, new_handle
 
@@ -49,13 +54,15 @@ def build_server(
     decide_model: str | None = None,
     extensions: list[Extension] | None = None,
     readiness: Readiness | None = None,
+    keys: KeysFile | None = None,
 ) -> MCPServer:
     """The MCP server with the runtime's tools and its routes; without `readiness`, /ready
     answers as /health does."""
     server: MCPServer = MCPServer(
         "luftpause-runtime", extensions=extensions, instructions=INSTRUCTIONS
     )
-    add_tools(server, RuntimeTools(runtime, default_model=default_model, decide_model=decide_model))
+    tools = RuntimeTools(runtime, default_model=default_model, decide_model=decide_model, keys=keys)
+    add_tools(server, tools)
     add_routes(server, Routes(runtime, readiness))
     return server
 
@@ -82,10 +89,18 @@ def add_routes(server: MCPServer, routes: Routes) -> None:
 class RuntimeTools:
     """The runtime's MCP tools: each method is one tool, named as `add_tools` registers it."""
 
-    def __init__(self, runtime: Runtime, *, default_model: str, decide_model: str | None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        default_model: str,
+        decide_model: str | None,
+        keys: KeysFile | None = None,
+    ) -> None:
         self.runtime = runtime
         self.default_model = default_model
         self.decide_model = decide_model
+        self.keys = keys
 
     async def spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Start a sub-agent on `task`; returns its handle at once (collect it with await).
@@ -151,7 +166,7 @@ class RuntimeTools:
         if labels:
             body["labels"] = labels
         try:
-            return await self.runtime.llm.decide(body, caller_of(ctx))
+            return await self.runtime.llm.decide(body, caller_of(ctx), key=identity_in(ctx).caller)
         except TurnError as exc:
             raise ToolError(str(exc)) from exc
 
@@ -161,10 +176,30 @@ class RuntimeTools:
 
     async def _spawned(self, args: SpawnArgs, ctx: Context[Any, Any] | None) -> str:
         spec = spec_from(args, caller_of(ctx), self.default_model)
+        # With tracing on, the run's span hangs under the caller's trace.
+        trace = spans.caller_traceparent(ctx) if tracing.enabled() else None
         with _told_to_client():
-            if tracing.enabled():  # the run's span hangs under the caller's trace
-                return await self.runtime.spawn(spec, caller_trace=spans.caller_traceparent(ctx))
-            return await self.runtime.spawn(spec)
+            return await spawn_owned(self.runtime, spec, identity_in(ctx), self.keys, trace)
+
+
+async def spawn_owned(
+    runtime: Runtime,
+    spec: m.RunSpec,
+    identity: Identity,
+    keys: KeysFile | None,
+    caller_trace: str | None = None,
+) -> str:
+    """Spawn `spec` as the run of its key (`owners`); `RequestError` if the key may not."""
+    parent = runtime.runs.get(spec.parent) if spec.parent is not None else None
+    spec = owned(
+        spec,
+        identity,
+        parent=None if parent is None else parent.state.spec,
+        keys=None if keys is None else keys.current(),
+    )
+    if caller_trace is not None:
+        return await runtime.spawn(spec, caller_trace=caller_trace)
+    return await runtime.spawn(spec)
 
 
 class Routes:
@@ -202,6 +237,16 @@ def _told_to_client() -> Iterator[None]:
         yield
     except RequestError as exc:
         raise ToolError(str(exc)) from exc
+
+
+def identity_in(ctx: Context[Any, Any] | None) -> Identity:
+    """Who the MCP request is (`auth` put it in the HTTP request's scope)."""
+    if ctx is None:
+        return ANYONE
+    try:
+        return identity_of(ctx.request_context.request)
+    except (AttributeError, LookupError, ValueError):
+        return ANYONE
 
 
 def caller_of(ctx: Context[Any, Any] | None) -> str:

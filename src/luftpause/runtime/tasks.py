@@ -34,7 +34,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INVALID_PARAMS, CallToolRequestParams, CallToolResult, RequestParams
 from mcp.types import TextContent as Text
 
+from luftpause.common.auth import Identity
 from luftpause.runtime import ask, journal
+from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.store import JournalFile
@@ -46,7 +48,8 @@ RESTARTED = "the runtime restarted while the task was open; its run resumes (awa
 
 log = structlog.get_logger(service="runtime")
 
-Spawn = Callable[[dict[str, Any], str], Awaitable[str]]
+# Spawns a run from `run`'s raw arguments, for a caller and the identity auth gave the request.
+Spawn = Callable[[dict[str, Any], str, Identity], Awaitable[str]]
 
 
 class TaskParams(RequestParams):
@@ -127,7 +130,8 @@ class TasksExtension(Extension):
         if params.name != "run" or not _opted_in(ctx):
             return await call_next(ctx)
         try:
-            handle = await self.spawn(dict(params.arguments or {}), "mcp:tasks")
+            identity = identity_of(ctx.request)
+            handle = await self.spawn(dict(params.arguments or {}), "mcp:tasks", identity)
         except (ToolError, RequestError) as exc:
             return CallToolResult(content=[Text(text=f"run refused: {exc}")], is_error=True)
         entry = TaskEntry(task_id=f"task-{uuid.uuid4().hex}", run=handle, created_at=_now())

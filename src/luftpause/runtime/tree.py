@@ -41,7 +41,8 @@ def own_work(state: m.RunState) -> dict[str, float]:
 
 def status(runs: Mapping[str, HasState], now: float = 0.0) -> dict[str, Any]:
     """Roots first, children nested; every node has `own` and `subtree` totals; a budgeted run
-    its `budget` (seconds measured to `now`), a run waiting for the user its `pendingApproval`.
+    its `budget` (seconds measured to `now`), a run waiting for the user its `pendingApproval`,
+    a run of a key of the keys file that key's name (`key`).
     """
     children: dict[str | None, list[str]] = {}
     for handle, run in runs.items():
@@ -63,6 +64,8 @@ def status(runs: Mapping[str, HasState], now: float = 0.0) -> dict[str, Any]:
             "subtree": {k: round(v, 3) for k, v in subtree.items()},
             "children": kids,
         }
+        if state.spec.key is not None:
+            out["key"] = state.spec.key
         pending = m.summary(state).get("pendingApproval")
         if pending is not None:
             out["pendingApproval"] = pending

@@ -16,7 +16,7 @@ SERVICE_CLASSES = ("interactive", "batch")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSpec:
-    """Everything `spawn` said about a run, plus who asked (the caller)."""
+    """Everything `spawn` said about a run, plus who asked (the caller, and the key)."""
 
     handle: str
     task: str
@@ -36,6 +36,9 @@ class RunSpec:
     spawned_at: float = 0.0
     # The W3C traceparent of the run's `invoke_agent` span, when the runtime traces (`spans`).
     traceparent: str | None = None
+    # The name of the keys file's key the run belongs to (the one that spawned it, or its
+    # parent's): its turns go to the dataplane on behalf of that key. None without keys.
+    key: str | None = None
 
     def __post_init__(self) -> None:
         if not self.handle or not self.task or not self.model:
@@ -73,6 +76,8 @@ class RunSpec:
         }
         if self.traceparent is not None:  # optional in format 1: specs without it read as None
             out["traceparent"] = self.traceparent
+        if self.key is not None:  # optional in format 1 likewise
+            out["key"] = self.key
         return out
 
     @classmethod
@@ -96,6 +101,7 @@ class RunSpec:
             approve_tools=tuple(str(t) for t in data.get("approveTools") or ()),
             spawned_at=float(data.get("spawnedAt", 0.0)),
             traceparent=_opt_str(data.get("traceparent")),
+            key=_opt_str(data.get("key")),
         )
 
 
