@@ -13,7 +13,8 @@ src/luftpause/testkit/README.md:
   (GitHub's slugs: lower case, punctuation dropped, spaces as hyphens, -1, -2 for repeats);
 - every inline-code path under a top-level folder of the repository (`bench/...`,
   `tests/...`, ...) exists;
-- every YAML or TOML block with an `endpoints` list is a valid endpoint file.
+- every YAML or TOML block with an `endpoints` list is a valid endpoint file, and every one with
+  a `keys` list a valid keys file.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import yaml
 
 from luftpause.cli import SUBCOMMANDS
 from luftpause.common.config import parse_config
+from luftpause.common.keys import parse_keys
 from tests.markdown import (
     ROOT,
     Block,
@@ -292,7 +294,8 @@ def test_slugs_follow_githubs_rules() -> None:
 # --- endpoint files -------------------------------------------------------------------------
 
 
-def endpoint_blocks() -> Iterator[tuple[str, Block, object]]:
+def endpoint_blocks(key: str = "endpoints") -> Iterator[tuple[str, Block, object]]:
+    """The YAML and TOML blocks of the docs whose top level has `key`."""
     for path in DOCS:
         doc = read(path)
         for block in doc.blocks:
@@ -302,7 +305,7 @@ def endpoint_blocks() -> Iterator[tuple[str, Block, object]]:
                 raw = tomllib.loads(block.text)
             else:
                 continue
-            if isinstance(raw, dict) and "endpoints" in raw:
+            if isinstance(raw, dict) and key in raw:
                 yield doc.name, block, raw
 
 
@@ -312,5 +315,15 @@ def test_every_endpoint_file_shown_is_valid() -> None:
     for name, block, raw in shown:
         try:
             parse_config(raw)
+        except ValueError as exc:
+            pytest.fail(f"{name}, block at line {block.line}: {exc}")
+
+
+def test_every_keys_file_shown_is_valid() -> None:
+    shown = list(endpoint_blocks("keys"))
+    assert any(name == "docs/configuration.md" for name, _, _ in shown), "no keys file shown"
+    for name, block, raw in shown:
+        try:
+            parse_keys(raw)
         except ValueError as exc:
             pytest.fail(f"{name}, block at line {block.line}: {exc}")

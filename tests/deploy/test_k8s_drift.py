@@ -11,7 +11,7 @@ import yaml
 
 from luftpause import cli
 from luftpause.common import envargs
-from luftpause.common.auth import TOKEN_ENV
+from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV
 from luftpause.common.config import parse_config
 from luftpause.rpc import scheduler_pb2
 from tests.deploy import manifests as m
@@ -39,8 +39,9 @@ def test_every_luftpause_variable_is_an_option_of_the_service_that_reads_it(
     unknown = []
     for _, container in m.containers(m.render(overlay)):
         service = m.service_of(container)
-        # The token is read from the environment only, never a flag.
+        # The token and the runtime's key are read from the environment only, never a flag.
         known = set(m.options(service)) | ({TOKEN_ENV} if service in OPEN_PATHS_MODULE else set())
+        known |= {RUNTIME_KEY_ENV} if service == "runtime" else set()
         for var in container.get("env", []):
             if var["name"].startswith(envargs.PREFIX) and var["name"] not in known:
                 unknown.append(f"{service}: {var['name']}")
