@@ -266,3 +266,13 @@ def test_readings_out_of_order_keep_the_lowest_count_and_the_earliest_reset() ->
     # A reading of the next window (a reset a period later) starts it afresh.
     window = w.observe(window, tokens_left(900, 60.0), 12.0, refused=False)
     assert window.levels["tokens"].base == 900 and window.levels["tokens"].full_at == 72.0
+
+
+def test_readings_moments_apart_with_nothing_used_between_cast_no_vote() -> None:
+    """A fixed window's reset and a bucket's say the same when nothing was used and little
+    time passed: such a reading does not vote (it once made a fixed window look a bucket)."""
+    requests = Reading(budgets={"requests": Budget(limit=1, remaining=0, reset_s=2.95)})
+    later = Reading(budgets={"requests": Budget(limit=1, remaining=0, reset_s=2.93)})
+    window = w.observe(w.Window(id="api"), requests, 1.0, refused=False)
+    window = w.observe(window, later, 1.02, refused=True)
+    assert window.regime is w.Regime.UNKNOWN and window.votes == ()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from aiohttp import web
 
 from luftpause.common import tracing
+from luftpause.common.keys import KeysFile
 from luftpause.dataplane import spans, wire
 from luftpause.dataplane.context import (
     DATAPLANE,
@@ -101,20 +102,24 @@ def build_app(
     transport_factory: Callable[[], EngineTransport] = AiohttpTransport,
     reconnect_delay: float = RECONNECT_SECONDS,
     token: bytes | None = None,
+    keys: KeysFile | None = None,
     local_placement: bool = True,
     config_models: Sequence[str] | None = None,
     models_hold_seconds: float = MODELS_HOLD_SECONDS,
     rate_limit_wait_s: float = RATE_LIMIT_WAIT_S,
+    limit_headers: Mapping[str, Mapping[str, str]] | None = None,
 ) -> web.Application:
     """The app; the link and the engine transport open on startup and close on cleanup.
 
-    With `token`, every route but `/health`, `/ready` and `/metrics` needs `Authorization:
-    Bearer`. Without `local_placement`, every turn waits for the scheduler's placement, open
-    replicas or not. `config_models` (the endpoint file's) answer `GET /v1/models` while the
-    scheduler cannot be reached; without them that request waits `models_hold_seconds` for it.
+    With `token` or `keys`, every route but `/health`, `/ready` and `/metrics` needs
+    `Authorization: Bearer` with the token or one of the keys. Without `local_placement`, every
+    turn waits for the scheduler's placement, open replicas or not. `config_models` (the
+    endpoint file's) answer `GET /v1/models` while the scheduler cannot be reached; without them
+    that request waits `models_hold_seconds` for it.
     """
     runs = RunTable()
-    guards = [error_middleware, *([auth_middleware(token)] if token else []), identity_middleware]
+    auth = [auth_middleware(token, keys)] if token or keys else []
+    guards = [error_middleware, *auth, identity_middleware]
     app = web.Application(middlewares=guards, client_max_size=max_body_bytes)
     link = SchedulerLink(
         target=scheduler, dataplane_id=dataplane_id, runs=runs, reconnect_delay=reconnect_delay
@@ -134,6 +139,7 @@ def build_app(
             models_hold_seconds=models_hold_seconds,
             models_retry_seconds=reconnect_delay,
             rate_limit_wait_s=rate_limit_wait_s,
+            limit_headers=dict(limit_headers or {}),
         )
         app[DATAPLANE] = dp
         dp.metrics.watch_link(link)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from luftpause.common.keys import KeyEntry
 from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.local import OpeningMemory
@@ -60,6 +61,9 @@ class Dataplane:
     models_hold_seconds: float = MODELS_HOLD_SECONDS
     # How long a turn refused for its rate limit waits, in all, to be sent again (see `proxy`).
     rate_limit_wait_s: float = RATE_LIMIT_WAIT_S
+    # Per replica, its provider's own names for the standard rate-limit headers (endpoint
+    # `limits.headers`: standard name -> theirs).
+    limit_headers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     models_retry_seconds: float = 1.0
     clock: Callable[[], float] = time.monotonic
     # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique
@@ -82,6 +86,7 @@ class Dataplane:
         request_bytes: int,
         single_pass: bool = False,
         span: TurnSpan | None = None,
+        key: KeyEntry | None = None,
     ) -> Turn:
         """A turn wired to this process's link, tables and metrics (and its span, if traced)."""
         return Turn(
@@ -94,6 +99,7 @@ class Dataplane:
             single_pass=single_pass,
             report=self.link.report,
             span=span,
+            key=key,
             runs=self.runs,
             memory=self.memory,
             metrics=self.metrics,

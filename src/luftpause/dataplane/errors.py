@@ -51,6 +51,18 @@ class ModelNotFound(DataplaneError):
     status = 404
 
 
+class RateLimited(DataplaneError):
+    """The turn can never fit a rate-limit window (bigger than the whole window), or its key
+    has spent its day: the scheduler's RESOURCE_EXHAUSTED, answered with 429 and Retry-After."""
+
+    code = "rate_limited"
+    status = 429
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class SchedulerError(DataplaneError):
     """The scheduler refused the call with a status that a retry would not change."""
 

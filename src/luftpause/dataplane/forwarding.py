@@ -72,6 +72,8 @@ class TurnBody(NamedTuple):
     model: str
     messages: list[Any]
     tools: Any = None
+    # max_completion_tokens, else max_tokens; 0 when it sets neither.
+    max_tokens: int = 0
 
 
 def parse_turn_body(body: bytes) -> TurnBody:
@@ -93,7 +95,8 @@ def parse_turn_body(body: bytes) -> TurnBody:
         value = doc.get(name)
         if value is not None and not (_is_int(value) and value >= 0):
             raise BadRequest(f"'{name}' must be a non-negative integer")
-    return TurnBody(model, messages, doc.get("tools"))
+    limit = doc.get("max_completion_tokens") or doc.get("max_tokens") or 0
+    return TurnBody(model, messages, doc.get("tools"), limit)
 
 
 def with_fields(body: bytes, fields: Mapping[str, int]) -> bytes:

@@ -45,7 +45,12 @@ import grpc
 import structlog
 
 from luftpause.dataplane import wire
-from luftpause.dataplane.errors import ModelNotFound, SchedulerError, SchedulerUnavailable
+from luftpause.dataplane.errors import (
+    ModelNotFound,
+    RateLimited,
+    SchedulerError,
+    SchedulerUnavailable,
+)
 from luftpause.dataplane.local import OpenReplica, by_model
 from luftpause.dataplane.runs import RunTable
 from luftpause.rpc import scheduler_pb2 as pb
@@ -336,6 +341,8 @@ class SchedulerLink:
         refused = placement.refused
         if refused.code == grpc.StatusCode.NOT_FOUND.value[0]:
             fut.set_exception(ModelNotFound(refused.message))
+        elif refused.code == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]:
+            fut.set_exception(RateLimited(refused.message, refused.retry_after_seconds))
         else:
             fut.set_exception(SchedulerError(f"scheduler: {refused.message}"))
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from luftpause.common import envargs, tracing
 from luftpause.common.auth import TOKEN_ENV, token_from_env
 from luftpause.common.config import Config, ConfigError, load_config
+from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
 from luftpause.dataplane.app import build_app, start_server
@@ -73,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its rate-limit reset) to be sent again before the 429 goes to the client; 0 sends "
         f"every 429 on at once (default {RATE_LIMIT_WAIT_S:g})",
     )
+    parser.add_argument(
+        "--keys-file",
+        metavar="PATH",
+        help="keys per caller (YAML or TOML, see docs/configuration.md): each client then needs "
+        "one of its keys (or LUFTPAUSE_TOKEN), which names its caller, classes and budget; "
+        "reloaded when it changes",
+    )
     parser.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
     return parser
 
@@ -102,17 +110,24 @@ def engine_keys(config: Config, environ: Mapping[str, str] | None = None) -> dic
     return {e.id: key for e in config.endpoints if (key := e.api_key(environ))}
 
 
+def limit_headers(config: Config) -> dict[str, Mapping[str, str]]:
+    """Replica id -> its provider's names for the rate-limit headers (`limits.headers`)."""
+    return {e.id: e.limits.headers for e in config.endpoints if e.limits and e.limits.headers}
+
+
 async def serve(
     args: argparse.Namespace,
     api_keys: Mapping[str, str],
     stop: asyncio.Event,
     environ: Mapping[str, str] | None = None,
     config_models: Sequence[str] | None = None,
+    keys: KeysFile | None = None,
+    renamed: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """Run the dataplane until `stop` is set."""
     log = setup_logging("dataplane")
     token = token_from_env(os.environ if environ is None else environ)
-    if token is None:
+    if token is None and keys is None:
         log.warning(f"auth is off: {TOKEN_ENV} is not set, every client is accepted")
     app = build_app(
         scheduler=args.scheduler,
@@ -120,9 +135,11 @@ async def serve(
         api_keys=api_keys,
         max_body_bytes=args.max_body_bytes,
         token=token,
+        keys=keys,
         local_placement=args.local_placement,
         config_models=config_models,
         rate_limit_wait_s=args.rate_limit_wait_s,
+        limit_headers=renamed,
     )
     runner, port = await start_server(app, args.host, args.port, reuse_port=args.reuse_port)
     log.info(
@@ -132,7 +149,8 @@ async def serve(
         scheduler=args.scheduler,
         dataplane_id=args.dataplane_id,
         engine_keys=sorted(api_keys),
-        auth=token is not None,
+        auth=token is not None or keys is not None,
+        keys_file=None if keys is None else str(keys.path),
         local_placement=args.local_placement,
     )
     try:
@@ -145,12 +163,18 @@ async def serve(
 def main(argv: list[str]) -> int:
     """Entry point for `luftpause dataplane`."""
     args = parse_args(argv)
+    try:  # checked here, so a bad file stops the supervisor of --workers too
+        keys = KeysFile(args.keys_file) if args.keys_file else None
+    except KeysError as exc:
+        print(f"luftpause dataplane: {exc}", file=sys.stderr)
+        return 2
     if args.workers > 1:
         if args.port == 0:
             print("luftpause dataplane: --workers needs a fixed --port", file=sys.stderr)
             return 2
         return asyncio.run(Supervisor(argv, args.dataplane_id, args.workers).run())
     api_keys: dict[str, str] = {}
+    renamed: dict[str, Mapping[str, str]] = {}
     models: tuple[str, ...] | None = None
     if args.config:
         try:
@@ -159,8 +183,10 @@ def main(argv: list[str]) -> int:
             print(f"luftpause dataplane: {exc}", file=sys.stderr)
             return 2
         api_keys = engine_keys(config)
+        renamed = limit_headers(config)
         models = config.generative_models()
     tracing.setup("dataplane", instance=args.dataplane_id)
     return run_async(
-        lambda stop: serve(args, api_keys, stop, config_models=models), name="dataplane"
+        lambda stop: serve(args, api_keys, stop, config_models=models, keys=keys, renamed=renamed),
+        name="dataplane",
     )

@@ -38,7 +38,8 @@ from prometheus_client.registry import Collector
 from luftpause.common.ratelimits import Reading
 from luftpause.dataplane.identity import ServiceClass
 
-OUTCOMES = ("finished", "failed", "abandoned")
+# "retried": refused for the engine's rate limit and sent again (the client never saw it).
+OUTCOMES = ("finished", "failed", "abandoned", "retried")
 _TTFB_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 # The dataplane's own share is a few hundred microseconds when all is well.
 _ADDED_BUCKETS = (

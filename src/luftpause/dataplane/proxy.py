@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -46,10 +46,10 @@ from luftpause.dataplane.errors import (
     EngineStreamBroken,
     EngineUnreachable,
     ModelNotFound,
+    RateLimited,
     SchedulerError,
 )
 from luftpause.dataplane.forwarding import (
-    CALLER_HEADER,
     CLASS_HEADER,
     RUN_ID_HEADER,
     downstream_headers,
@@ -58,9 +58,9 @@ from luftpause.dataplane.forwarding import (
     upstream_headers,
     with_fields,
 )
-from luftpause.dataplane.identity import cut_caller, echoed_tool_call_ids, parse_service_class
+from luftpause.dataplane.identity import echoed_tool_call_ids, parse_service_class
 from luftpause.dataplane.local import choose_open
-from luftpause.dataplane.middleware import json_error
+from luftpause.dataplane.middleware import caller_of, identity_of, json_error
 from luftpause.dataplane.reply import summarize_completion
 from luftpause.dataplane.slotfiles import prepare_slot
 from luftpause.dataplane.sse import SseObserver
@@ -86,7 +86,7 @@ async def chat_completions(
     fresh = False
     try:
         body = await read_body(request, dp.max_body_bytes)
-        model, messages, tools = parse_turn_body(body)
+        model, messages, tools, max_tokens = parse_turn_body(body)
         if not run_id:
             run_id = dp.memory.recognise(echoed_tool_call_ids(messages), dp.clock()) or ""
         if not run_id:
@@ -94,29 +94,42 @@ async def chat_completions(
         service_class = parse_service_class(request.headers.get(CLASS_HEADER))
     except DataplaneError as exc:
         return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex)
-    turn = dp.new_turn(
-        turn_id=dp.next_turn_id(),
-        run_id=run_id,
-        model=model,
-        service_class=service_class,
-        caller=cut_caller(request.headers.get(CALLER_HEADER)),
-        request_bytes=len(body),
-        span=traced,
-    )
-    if traced is not None:
-        traced.request(
-            model=model,
-            run_id=run_id,
-            turn_id=turn.turn_id,
-            service_class=service_class.name.lower(),
-            caller=turn.caller,
-        )
     # A run this dataplane has not served may be new: its opening says where it may be cached.
     opening = opening_keys(messages, tools) if run_id not in dp.runs.runs else ()
-    try:
-        return await _admit_and_proxy(request, dp, turn, body, arrived, fresh, opening)
-    finally:
-        turn.close(CLIENT_GONE)
+    # A turn a rate-limited engine refuses (429) before anything went to the client goes back
+    # to the scheduler as a new turn of the run, as long as waiting fits the deadline.
+    deadline = time.monotonic() + dp.rate_limit_wait_s
+    for attempt in itertools.count():
+        turn = dp.new_turn(
+            turn_id=dp.next_turn_id(),
+            run_id=run_id,
+            model=model,
+            service_class=service_class,
+            caller=caller_of(request),
+            key=identity_of(request).key,
+            request_bytes=len(body),
+            span=traced,
+        )
+        if traced is not None and not attempt:
+            traced.request(
+                model=model,
+                run_id=run_id,
+                turn_id=turn.turn_id,
+                service_class=service_class.name.lower(),
+                caller=turn.caller,
+            )
+        try:
+            sent = await _admit_and_proxy(
+                request, dp, turn, body, arrived, fresh, opening, (deadline, attempt, max_tokens)
+            )
+        finally:
+            turn.close(CLIENT_GONE)
+        if isinstance(sent, web.StreamResponse):
+            return sent
+        fresh, opening = False, ()
+        if sent > 0:
+            await asyncio.sleep(sent)
+    raise AssertionError("unreachable")
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
@@ -138,7 +151,12 @@ async def _admit_and_proxy(
     arrived: float,
     fresh: bool,
     opening: tuple[Key, ...],
-) -> web.StreamResponse:
+    retry: tuple[float, int, int],
+) -> web.StreamResponse | float:
+    """Place the turn and relay the engine's reply; or, when a rate-limited engine refused it
+    and it may be sent again (`retry`: the deadline, the attempt, the request's max_tokens),
+    the seconds to wait before it goes back to the scheduler (0: the scheduler holds it)."""
+    deadline, attempt, max_tokens = retry
     admit = wire.admit_request(
         turn_id=turn.turn_id,
         run_id=turn.run_id,
@@ -149,11 +167,15 @@ async def _admit_and_proxy(
         prompt_bytes=turn.request_bytes,
         opening=opening,
         traceparent="" if turn.span is None else turn.span.traceparent,
+        key=turn.key,
+        max_tokens=max_tokens,
     )
     runs = dp.runs
     local = None
     waited = 0.0  # for the scheduler and slot calls: not the dataplane's own time
-    if dp.local_placement:
+    # A turn with a budget of its own is admitted against it: only the scheduler can hold it.
+    # A turn sent again after a 429 goes through the scheduler: it holds it for the window.
+    if dp.local_placement and not attempt and (turn.key is None or not turn.key.has_budget):
         local = choose_open(
             dp.link.open_for(turn.model),
             run=runs.runs.get(turn.run_id),
@@ -175,6 +197,10 @@ async def _admit_and_proxy(
         asked = time.perf_counter()
         try:
             placement = await dp.link.admit(admit)
+        except RateLimited as exc:
+            turn.rejected()
+            retry_after = {"Retry-After": str(max(math.ceil(exc.retry_after_s), 1))}
+            return json_error(exc.status, exc.message, run_id=turn.run_id, headers=retry_after)
         except (ModelNotFound, SchedulerError) as exc:
             turn.rejected()
             return json_error(exc.status, exc.message, run_id=turn.run_id)
@@ -213,12 +239,22 @@ async def _admit_and_proxy(
         waited += time.perf_counter() - preparing
     own = time.perf_counter() - arrived - waited
     try:
-        engine = await _send_waiting_out_limits(dp, replica_id, url, headers, body)
+        engine = await dp.transport.send(url, headers, body)
     except EngineUnreachable as exc:
         log.warning("engine unreachable", replica=replica_id, url=url, error=exc.message)
         turn.failed(f"engine unreachable: {exc.message}")
         return json_error(502, f"engine {replica_id}: {exc.message}", run_id=turn.run_id)
+    reading = _read_rate_limits(dp, replica_id, engine)
+    turn.read_limits(reading, refused=engine.status == 429)
     try:
+        wait = refusal_wait(engine.status, reading, attempt)
+        if wait is not None and time.monotonic() + wait <= deadline:
+            # The scheduler learns the refusal from the turn's end and holds the next try
+            # until the window cools down; without a reading, the dataplane waits it out.
+            turn.failed(f"engine status {engine.status}: rate limited, sent again", retried=True)
+            dp.metrics.rate_limited(replica_id, wait)
+            log.info("rate limited, sending again", replica=replica_id, wait_s=round(wait, 3))
+            return 0.0 if reading is not None else wait
         if not 200 <= engine.status < 300:
             return await _relay_refusal(turn, engine)
         if is_event_stream(engine.headers):
@@ -230,28 +266,6 @@ async def _admit_and_proxy(
         return await _relay_body(dp, turn, engine, arrived, own)
     finally:
         engine.close()
-
-
-async def _send_waiting_out_limits(
-    dp: Dataplane, replica_id: str, url: str, headers: Mapping[str, str], body: bytes
-) -> EngineResponse:
-    """Send the turn; while the engine refuses it for its rate limit (429) and waiting as long
-    as it says fits in `dp.rate_limit_wait_s` in all, wait and send it again. Nothing has gone
-    to the client yet, so it sees a later reply, not the 429; the turn keeps its place at the
-    scheduler meanwhile. A 429 that cannot be waited out in time goes to the client unchanged,
-    Retry-After and all."""
-    deadline = time.monotonic() + dp.rate_limit_wait_s
-    for attempt in itertools.count():
-        engine = await dp.transport.send(url, headers, body)
-        reading = _read_rate_limits(dp, replica_id, engine)
-        wait = refusal_wait(engine.status, reading, attempt)
-        if wait is None or time.monotonic() + wait > deadline:
-            return engine
-        engine.close()
-        dp.metrics.rate_limited(replica_id, wait)
-        log.info("rate limited, waiting it out", replica=replica_id, wait_s=round(wait, 3))
-        await asyncio.sleep(wait)
-    raise AssertionError("unreachable")
 
 
 # An engine that says "retry now" (Retry-After: 0) is not asked again sooner than this.
@@ -282,7 +296,7 @@ def _read_rate_limits(
 ) -> ratelimits.Reading | None:
     """Keep what a hosted replica's reply says of its rate limits (for /metrics)."""
     now = time.time()
-    reading = ratelimits.read(engine.headers, now)
+    reading = ratelimits.read(engine.headers, now, dp.limit_headers.get(replica_id))
     if reading is None:
         return None
     if reading.malformed:

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
+from luftpause.common import ratelimits
+from luftpause.common.keys import KeyEntry
 from luftpause.dataplane import wire
 from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
 from luftpause.dataplane.metrics import Metrics
@@ -53,8 +55,11 @@ class Turn:
         "_metrics",
         "_report",
         "_runs",
+        "_sent_at",
         "caller",
+        "key",
         "model",
+        "reading",
         "replica_id",
         "request_bytes",
         "response_bytes",
@@ -82,6 +87,7 @@ class Turn:
         clock: Callable[[], float],
         single_pass: bool = False,
         span: TurnSpan | None = None,
+        key: KeyEntry | None = None,
     ) -> None:
         self.turn_id = turn_id
         # With tracing on, the turn's span (`spans`): it records the events reported.
@@ -93,11 +99,17 @@ class Turn:
         self.model = model
         self.service_class = service_class
         self.caller = caller
+        # The key of the keys file the turn came with, whose budget it is admitted against.
+        self.key = key
         self.request_bytes = request_bytes
         self.response_bytes = 0
         self.replica_id = ""
+        # The reply's rate-limit headers: the reading, when (clock) they came, and whether the
+        # reply was a 429. Reported with the turn's end.
+        self.reading: tuple[ratelimits.Reading, float, bool] | None = None
         self.state = State.HELD
         self._first_token_sent = False
+        self._sent_at = 0.0
         self._report = report
         self._runs = runs
         self._memory = memory
@@ -127,6 +139,7 @@ class Turn:
         """The request is going to the engine now."""
         self._expect(State.PLACED)
         self.state = State.STARTED
+        self._sent_at = self._clock()
         self._report(wire.started(self.turn_id, self.run_id), self.replica_id)
         if self.span is not None:
             self.span.event("started")
@@ -148,22 +161,39 @@ class Turn:
             if summary.tool_call_ids:
                 self._memory.remember(summary.tool_call_ids, self.run_id, now)
             self._runs.turn_ended(self.turn_id, tool_paused=summary.tool_calls, now=now)
-        self._report(wire.finished(self.turn_id, self.run_id, summary), self.replica_id)
+        event = wire.finished(self.turn_id, self.run_id, summary, self._limits())
+        self._report(event, self.replica_id)
         if self.span is not None:
             self.span.finished(summary)
         self._count("finished")
 
-    def failed(self, reason: str) -> None:
+    def failed(self, reason: str, *, retried: bool = False) -> None:
         """The placed turn failed: its slot is freed and the run left idle."""
         if self.state not in (State.PLACED, State.STARTED):
             return
         self.state = State.ENDED
         if not self.single_pass:
             self._runs.turn_ended(self.turn_id, tool_paused=False, now=self._clock())
-        self._report(wire.failed(self.turn_id, self.run_id, reason), self.replica_id)
+        self._report(
+            wire.failed(self.turn_id, self.run_id, reason, self._limits()), self.replica_id
+        )
         if self.span is not None:
             self.span.failed(reason)
-        self._count("failed")
+        self._count("retried" if retried else "failed")
+
+    def read_limits(self, reading: ratelimits.Reading | None, *, refused: bool) -> None:
+        """Keep the reply's rate-limit reading, to report with the turn's end."""
+        if reading is not None:
+            self.reading = (reading, self._clock(), refused)
+
+    def _limits(self) -> wire.LimitsMessage | None:
+        if self.reading is None:
+            return None
+        reading, at, refused = self.reading
+        now = self._clock()
+        return wire.rate_limits(
+            reading, (now - at) * 1000.0, (now - self._sent_at) * 1000.0, refused=refused
+        )
 
     def rejected(self) -> None:
         """The scheduler refused the turn outright; it never existed there."""

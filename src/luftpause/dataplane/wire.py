@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from luftpause.common import ratelimits
+from luftpause.common.keys import KeyEntry
 from luftpause.dataplane.identity import ServiceClass
 from luftpause.dataplane.local import OpenReplica
 from luftpause.dataplane.reply import ReplySummary
@@ -34,6 +36,8 @@ _PHASE = {
 # Where a turn's events go (`link.report`): the event and the replica the turn is on ("" while
 # held).
 Report: TypeAlias = Callable[[pb.TurnEvent, str], None]
+# A reply's rate-limit reading as a turn's end reports it (`rate_limits`).
+LimitsMessage: TypeAlias = pb.RateLimitReading
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,9 +69,12 @@ def admit_request(
     opening: Sequence[tuple[int, int]] = (),
     single_pass: bool = False,
     traceparent: str = "",
+    key: KeyEntry | None = None,
+    max_tokens: int = 0,
 ) -> pb.AdmitRequest:
-    """The Admit call for one turn; the same message is sent again on every retry."""
-    return pb.AdmitRequest(
+    """The Admit call for one turn; the same message is sent again on every retry. A turn
+    that came with a key of the keys file carries its name and budget."""
+    request = pb.AdmitRequest(
         opening=[pb.OpeningKey(hash=key, bytes=size) for key, size in opening],
         turn_id=turn_id,
         run_id=run_id,
@@ -78,6 +85,20 @@ def admit_request(
         prompt_bytes=prompt_bytes,
         single_pass=single_pass,
         traceparent=traceparent,
+        max_tokens=max_tokens,
+    )
+    if key is not None:
+        request.key.CopyFrom(key_budget(key))
+    return request
+
+
+def key_budget(key: KeyEntry) -> pb.KeyBudget:
+    """A key's name and its own budget (0: none of that kind)."""
+    return pb.KeyBudget(
+        name=key.name,
+        tokens_per_minute=key.tokens_per_minute,
+        requests_per_minute=key.requests_per_minute,
+        daily_tokens=key.daily_tokens,
     )
 
 
@@ -126,7 +147,32 @@ def first_token(turn_id: str, run_id: str) -> pb.TurnEvent:
     return pb.TurnEvent(turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken())
 
 
-def finished(turn_id: str, run_id: str, summary: ReplySummary) -> pb.TurnEvent:
+def rate_limits(
+    reading: ratelimits.Reading, age_ms: float, sent_age_ms: float, *, refused: bool
+) -> pb.RateLimitReading:
+    """A reply's rate-limit reading as reported, `age_ms` after its headers arrived and
+    `sent_age_ms` after its request went to the engine."""
+    message = pb.RateLimitReading(
+        age_ms=max(age_ms, 0.0), sent_age_ms=max(sent_age_ms, age_ms, 0.0), refused=refused
+    )
+    if reading.retry_after_s is not None:
+        message.retry_after_seconds = reading.retry_after_s
+    for name, budget in reading.budgets.items():
+        message.budgets.add(
+            name=name,
+            limit=budget.limit,
+            remaining=budget.remaining,
+            reset_seconds=budget.reset_s,
+        )
+    return message
+
+
+def finished(
+    turn_id: str,
+    run_id: str,
+    summary: ReplySummary,
+    limits: pb.RateLimitReading | None = None,
+) -> pb.TurnEvent:
     usage = summary.usage
     return pb.TurnEvent(
         turn_id=turn_id,
@@ -141,12 +187,17 @@ def finished(turn_id: str, run_id: str, summary: ReplySummary) -> pb.TurnEvent:
             else None,
             finish_reason=summary.finish_reason,
             tool_calls=summary.tool_calls,
+            rate_limits=limits,
         ),
     )
 
 
-def failed(turn_id: str, run_id: str, reason: str) -> pb.TurnEvent:
-    return pb.TurnEvent(turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(reason=reason))
+def failed(
+    turn_id: str, run_id: str, reason: str, limits: pb.RateLimitReading | None = None
+) -> pb.TurnEvent:
+    return pb.TurnEvent(
+        turn_id=turn_id, run_id=run_id, failed=pb.TurnFailed(reason=reason, rate_limits=limits)
+    )
 
 
 def abandoned(turn_id: str, run_id: str) -> pb.TurnEvent:

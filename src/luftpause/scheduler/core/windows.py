@@ -52,10 +52,10 @@ COOLDOWN_DEFAULT_S = 1.0
 VOTES = 5
 """The regime is the majority of the last this many votes (a tie is fixed)."""
 
-IMPLIED_TOLERANCE = 0.02
-IMPLIED_SLACK_S = 0.002
+VOTE_MARGIN_S = 0.25
 IMPLIED_COARSE_S = 0.5
-"""How far the periods two readings imply may differ and still be one bucket's (`_voted`)."""
+"""How precise a reading's reset is taken to be when it votes (`_voted`): its arrival time is
+off by a request's latency, and a reset given in whole seconds by half a second."""
 
 Cost = tuple[int, int, int, int]
 """What a turn costs, by `BUDGETS` (requests, tokens, input tokens, output tokens)."""
@@ -105,7 +105,10 @@ class Window:
     own: bool = False
     regime: Regime = Regime.UNKNOWN
     votes: tuple[bool, ...] = ()  # True: a vote for fixed
-    implied: float | None = None  # the period the last reading implied, for the next vote
+    # The last reading of the voting budget: the period it implied, its reset, when it came.
+    implied: float | None = None
+    vote_reset: float = 0.0
+    vote_at: float = 0.0
     k: float = K_START
     cooldown_until: float = 0.0
     read_at: float = -1.0
@@ -386,6 +389,7 @@ def observe(
         changes["provider_429s"] = window.provider_429s + 1
     if not reading.budgets:
         return _count_turn(_with(window, **changes), turn_id)
+    window = _voted(window, reading, at)
     levels = window.levels
     for name, budget in reading.budgets.items():
         old = levels.get(name, Level())
@@ -397,8 +401,8 @@ def observe(
         full_at = _reset_at(old if name in levels else None, budget.reset_s, at)
         period = old.period_s
         if budget.reset_s and limit > remaining and window.regime is Regime.CONTINUOUS:
-            seen = budget.reset_s * limit / (limit - remaining)
-            period = min(max(period + 0.2 * (seen - period), 1.0), 3600.0)
+            # A bucket's reset is exactly (limit - remaining) / limit periods.
+            period = min(max(budget.reset_s * limit / (limit - remaining), 0.5), 86400.0)
         new = Level(limit=limit, base=float(remaining), at=at, full_at=full_at, period_s=period)
         if name in levels and not window.own:
             held = _level(old, window.regime, at)
@@ -415,7 +419,7 @@ def observe(
         changes.update(regime=Regime.UNKNOWN, votes=())
     read_at = max(window.read_at, sent)
     window = _with(window, levels=levels, read_at=read_at, own=False, **changes)
-    return _count_turn(_voted(window, reading), turn_id)
+    return _count_turn(window, turn_id)
 
 
 def _reset_at(old: Level | None, reset_s: float | None, at: float) -> float | None:
@@ -446,14 +450,14 @@ def _count_turn(window: Window, turn_id: str) -> Window:
     )
 
 
-def _voted(window: Window, reading: Reading) -> Window:
+def _voted(window: Window, reading: Reading, at: float) -> Window:
     """Cast the reading's vote on the regime (see the module's docstring).
 
-    A bucket that refills `limit` per period says, in any reading, a reset (until full) of
-    (limit - remaining) / limit periods: the period it implies, reset * limit / (limit -
-    remaining), is the same in every reading. A fixed window's reset runs down with the clock
-    whatever was used, so the period it implies changes from reading to reading. Read from the
-    headers alone, the vote does not depend on when they arrived."""
+    Against the last reading of the same budget: a bucket that refills `limit` per period says
+    a reset (until full) of (limit - remaining) / limit periods, so it implies the same period
+    every time; a fixed window's reset runs down with the clock, whatever was used. When the
+    two predictions of this reset are closer than the readings are precise (readings moments
+    apart, nothing used between them), the reading does not vote."""
     budget = reading.budgets.get("tokens") or reading.budgets.get("requests")
     if budget is None:
         budget = next(iter(reading.budgets.values()), None)
@@ -461,13 +465,19 @@ def _voted(window: Window, reading: Reading) -> Window:
         return window
     if budget.remaining >= budget.limit or budget.reset_s <= 0:
         return window
-    implied = budget.reset_s * budget.limit / (budget.limit - budget.remaining)
-    if window.implied is None:
-        return _with(window, implied=implied)
-    # A reset given in whole seconds (`6m0s`) is up to half a second off.
-    slack = IMPLIED_COARSE_S if float(budget.reset_s).is_integer() else IMPLIED_SLACK_S
-    slack *= budget.limit / (budget.limit - budget.remaining)
-    same = abs(implied - window.implied) <= IMPLIED_TOLERANCE * window.implied + slack
-    votes = (*window.votes, not same)[-VOTES:]
+    used = (budget.limit - budget.remaining) / budget.limit
+    implied = budget.reset_s / used
+    mark = _with(window, implied=implied, vote_reset=budget.reset_s, vote_at=at)
+    if window.implied is None or at < window.vote_at:
+        return mark
+    as_bucket = window.implied * used
+    as_fixed = window.vote_reset - (at - window.vote_at)
+    # Arrival times are off by a request's latency; resets in whole seconds by half a second.
+    coarse = float(budget.reset_s).is_integer()
+    margin = max(VOTE_MARGIN_S + (IMPLIED_COARSE_S if coarse else 0.0), 0.05 * budget.reset_s)
+    if abs(as_bucket - as_fixed) < 2 * margin:
+        return mark
+    fixed = abs(budget.reset_s - as_fixed) < abs(budget.reset_s - as_bucket)
+    votes = (*window.votes, fixed)[-VOTES:]
     regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
-    return _with(window, implied=implied, votes=votes, regime=regime)
+    return _with(mark, votes=votes, regime=regime)
