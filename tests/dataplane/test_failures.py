@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -93,35 +94,91 @@ async def test_engine_429_it_cannot_wait_out_passes_through_with_retry_after(
 SPENT = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "300ms"}
 
 
-async def test_engine_429_is_waited_out_and_the_client_sees_only_the_reply(stack: Stack) -> None:
-    asked: list[float] = []
+def _limited_once(asked: list[float], headers: dict[str, str]) -> Any:
+    """An engine handler that refuses the first request with a 429 and `headers`."""
 
-    async def limited_once(request: web.Request) -> web.StreamResponse:
+    async def handler(request: web.Request) -> web.StreamResponse:
         asked.append(asyncio.get_running_loop().time())
         if len(asked) == 1:
             return web.json_response(
-                {"error": {"message": "slow down"}},
-                status=429,
-                headers={
-                    "x-ratelimit-remaining-requests": "0",
-                    "x-ratelimit-reset-requests": "300ms",
-                },
+                {"error": {"message": "slow down"}}, status=429, headers=headers
             )
         return web.json_response(
             {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]}
         )
 
-    stack.engine.handler = limited_once
+    return handler
+
+
+async def test_engine_429_goes_back_to_the_scheduler_and_the_client_sees_only_the_reply(
+    stack: Stack,
+) -> None:
+    """The refusal's reading goes up with the turn's end (the scheduler cools the window down
+    and holds the next try); the turn is admitted again as a new turn of the same run."""
+    asked: list[float] = []
+    stack.engine.handler = _limited_once(asked, SPENT)
     async with asyncio.timeout(10):
-        status, _, data = await stack.post(stack.chat())
-        turn_id = stack.scheduler.admits[-1].turn_id
-        events = await stack.turn_events(turn_id, 2)
+        status, headers, data = await stack.post(stack.chat())
+        first, second = stack.scheduler.admits[-2:]
+        events = await stack.turn_events(first.turn_id, 2)
+        await stack.turn_events(second.turn_id, 2)
         async with stack.http.get(stack.url + "/metrics") as resp:
             metrics = await resp.text()
     assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "ok"
-    assert len(asked) == 2 and asked[1] - asked[0] >= 0.3  # the reset the engine gave
-    assert events == ["started", "finished"]
+    assert len(asked) == 2 and first.run_id == second.run_id == headers["x-luftpause-run-id"]
+    assert events == ["started", "failed"]
+    failed = next(
+        e for e in stack.scheduler.events if e.turn_id == first.turn_id and e.failed.reason
+    )
+    reading = failed.failed.rate_limits
+    assert reading.refused and reading.age_ms >= 0
+    (budget,) = reading.budgets
+    assert (budget.name, budget.remaining, round(budget.reset_seconds, 3)) == ("requests", 0, 0.3)
+    assert stack.scheduler.events_of(second.turn_id) == ["started", "finished"]
     assert 'luftpause_dataplane_rate_limited_total{replica="engine-a"} 1.0' in metrics
+
+
+async def test_engine_429_without_rate_limit_headers_is_waited_out_by_the_dataplane(
+    stack: Stack,
+) -> None:
+    """A bare 429 tells the scheduler nothing: the dataplane waits (0.5 s) before it tries."""
+    asked: list[float] = []
+    stack.engine.handler = _limited_once(asked, {})
+    async with asyncio.timeout(10):
+        status, _, data = await stack.post(stack.chat())
+    assert status == 200 and json.loads(data)["choices"][0]["message"]["content"] == "ok"
+    assert len(asked) == 2 and asked[1] - asked[0] >= 0.5
+
+
+async def test_engine_429_with_a_reading_is_reported_with_the_turns_end(stack: Stack) -> None:
+    """A reply's rate-limit headers go up with its end, dated by their age."""
+
+    async def limited(request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}}]},
+            headers={
+                "x-ratelimit-limit-tokens": "1000",
+                "x-ratelimit-remaining-tokens": "750",
+                "x-ratelimit-reset-tokens": "6m0s",
+            },
+        )
+
+    stack.engine.handler = limited
+    async with asyncio.timeout(10):
+        status, _, _ = await stack.post(stack.chat())
+        turn_id = stack.scheduler.admits[-1].turn_id
+        await stack.turn_events(turn_id, 2)
+    finished = next(
+        e for e in stack.scheduler.events if e.turn_id == turn_id and e.HasField("finished")
+    )
+    (budget,) = finished.finished.rate_limits.budgets
+    assert status == 200 and not finished.finished.rate_limits.refused
+    assert (budget.name, budget.limit, budget.remaining, budget.reset_seconds) == (
+        "tokens",
+        1000,
+        750,
+        360.0,
+    )
 
 
 async def test_engine_500_passes_through_unchanged(stack: Stack) -> None:

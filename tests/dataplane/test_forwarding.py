@@ -16,8 +16,22 @@ from luftpause.dataplane.forwarding import (
 
 
 def test_body_gives_model_and_messages() -> None:
-    model, messages, _ = parse_turn_body(b'{"model": "m", "messages": [{"role": "user"}]}')
-    assert model == "m" and messages == [{"role": "user"}]
+    model, messages, _, limit = parse_turn_body(b'{"model": "m", "messages": [{"role": "user"}]}')
+    assert model == "m" and messages == [{"role": "user"}] and limit == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "limit"),
+    [
+        ('"max_tokens": 100', 100),
+        ('"max_completion_tokens": 50', 50),
+        ('"max_completion_tokens": 50, "max_tokens": 100', 50),
+        ('"max_tokens": null', 0),
+    ],
+)
+def test_body_gives_the_reply_limit(fields: str, limit: int) -> None:
+    body = '{"model": "m", "messages": [{"role": "user"}], ' + fields + "}"
+    assert parse_turn_body(body.encode()).max_tokens == limit
 
 
 @pytest.mark.parametrize(

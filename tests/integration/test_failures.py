@@ -287,9 +287,11 @@ async def test_a_hosted_429_is_waited_out_and_the_openai_client_gets_the_reply(
 async def test_a_429_that_outlasts_the_wait_reaches_the_openai_client_with_its_retry_after(
     stack: Stack,
 ) -> None:
-    """The simulator refuses every try (`x-sim-fail: 429`, Retry-After 1): after the 5 s the
-    dataplane may wait, the engine's own 429 reaches the client unchanged."""
+    """The simulator refuses every try (`x-sim-fail: 429`, Retry-After 1): each refusal cools
+    the replica's window down at the scheduler, which holds the next try for it; after the 5 s
+    the dataplane may wait, the engine's own 429 reaches the client unchanged."""
     failed = await stack.dataplane_turns("failed")
+    retried = await stack.dataplane_turns("retried")
     async with (
         asyncio.timeout(30),
         stack.client(**{RUN: "refused-429", "x-sim-fail": "429"}) as c,
@@ -303,6 +305,8 @@ async def test_a_429_that_outlasts_the_wait_reaches_the_openai_client_with_its_r
     assert response.json()["error"]["type"] == "rate_limit_exceeded"  # the engine's own body
     await stack.settled()
     assert await stack.dataplane_turns("failed") == failed + 1
+    # One try per replica of the model per cooldown (two replicas, 1 s, within 5 s), not a spin.
+    assert 1 <= await stack.dataplane_turns("retried") - retried <= 14
 
 
 async def test_an_unknown_model_is_refused_before_queueing_and_nothing_is_recorded(
