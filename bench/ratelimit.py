@@ -18,7 +18,9 @@ bench/results/ratelimit.json (or `--out`) after every seed, prints the table, an
 section into bench/results/RESULTS.md (not with `--quick` or `--no-report`).
 
 `--quick`: seed 0 of `fixed-openai` with 4 agents at time scale 20 (about 45 s for all three
-arms), written to ratelimit_quick.json.
+arms), written to ratelimit_quick.json. `--append` keeps the file's other scenarios (run
+`--scenarios fixed-openai-minute --append` to add LiteLLM's own granularity); `--render` only
+summarises the file again.
 """
 
 from __future__ import annotations
@@ -111,16 +113,14 @@ async def one_arm(
             )
         wall = time.perf_counter() - t0
         tallies = {e.id: counts(await limits_of(session, e.url)) for e in endpoints}
-    flat = [t for agent in turns for t in agent]
-    result = measure(
-        [facts(t) for t in flat],
+    return measure(
+        [facts(t) for agent in turns for t in agent],
         tallies,
         wall_s=wall,
         providers=scenario.providers,
         window_real_s=scenario.window_real_s,
         regime=scenario.regime,
     )
-    return result
 
 
 async def _close(clients: list[Client]) -> None:
@@ -131,13 +131,14 @@ async def _close(clients: list[Client]) -> None:
 async def run(args: argparse.Namespace, save: bool = True) -> dict[str, Any]:
     """Every scenario and seed; the result (written after every seed when `save`)."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-ratelimit-"))
+    earlier = RESULTS / f"{args.out}.json"
+    kept = json.loads(earlier.read_text())["scenarios"] if args.append and earlier.exists() else {}
     result: dict[str, Any] = {
         "benchmark": "ratelimit",
-        "seeds": args.seeds,
         "stated_limits": args.stated_limits,
         "quick": args.quick,
         "workdir": str(workdir),
-        "scenarios": {},
+        "scenarios": {k: v for k, v in kept.items() if k not in args.scenarios},
     }
     for name in args.scenarios:
         scenario = quick(SCENARIOS[name]) if args.quick else SCENARIOS[name]
@@ -171,6 +172,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bound-x", type=float, default=6.0, help="a run's bound, x the ideal")
     p.add_argument("--out", default=None, help="result name under bench/results/")
     p.add_argument("--no-report", action="store_true", help="leave RESULTS.md alone")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the result file's other scenarios (a scenario run again replaces its own)",
+    )
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="run nothing: summarise the result file again and rewrite the table and section",
+    )
     args = p.parse_args(argv)
     if args.seeds is None:
         args.seeds = [0] if args.quick else [0, 1, 2, 3, 4]
@@ -181,11 +192,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def rerender(result: dict[str, Any]) -> dict[str, Any]:
+    """The result with each scenario's description and summary made again from its seeds."""
+    for name, entry in result["scenarios"].items():
+        scenario = quick(SCENARIOS[name]) if result.get("quick") else SCENARIOS[name]
+        entry["description"] = describe(scenario)
+        for seed in entry["seeds"]:
+            for m in seed["arms"].values():  # figures recorded before wall / earliest was one
+                if m.get("earliest_s") and "wall_over_earliest" not in m:
+                    m["wall_over_earliest"] = m["wall_s"] / m["earliest_s"]
+        entry["summary"] = summarise([s["arms"] for s in entry["seeds"]])
+    return result
+
+
 def main() -> None:
     args = parse_args()
-    result = uvloop.run(run(args))
+    if args.render:
+        path = RESULTS / f"{args.out}.json"
+        result = rerender(json.loads(path.read_text()))
+        path.write_text(json.dumps(result, indent=2) + "\n")
+    else:
+        result = uvloop.run(run(args))
+        path = write_result(args.out, result)
     print(summary_table(result["scenarios"]))
-    path = write_result(args.out, result)
     print(f"wrote {path}")
     if not (args.quick or args.no_report):
         md = RESULTS / "RESULTS.md"

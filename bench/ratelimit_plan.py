@@ -277,7 +277,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="continuous-anthropic",
             about="one provider with input and output token budgets, token bucket, Anthropic "
-            "headers; 8 agents",
+            "headers",
             providers=(Provider(id="p0", rpm=60, itpm=30_000, otpm=1_500),),
             regime="continuous",
             headers="anthropic",
@@ -285,7 +285,7 @@ SCENARIOS: dict[str, Scenario] = {
         ),
         Scenario(
             name="two-providers",
-            about="two providers serving one model, 40k and 20k tokens per window, token bucket",
+            about="two providers serving one model, token buckets, OpenAI headers",
             providers=(
                 Provider(id="p0", rpm=120, tpm=40_000),
                 Provider(id="p1", rpm=120, tpm=20_000),
@@ -295,7 +295,7 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             name="fixed-openai-minute",
             about="one provider, fixed windows of one real minute (LiteLLM's own granularity), "
-            "real time; 8 agents",
+            "in real time",
             providers=_ONE,
             agents=8,
             time_scale=1.0,

@@ -8,9 +8,9 @@ providers; goodput (prompt and completion tokens of the completed turns per real
 run); the p95 of turn latency and of time to first byte, both as the agent saw them (retries
 and waits included); wall clock from the first agent's start to the last one's end; the ideal
 schedule (`ratelimit_plan.ideal_seconds` of the completed turns' tokens and requests), wall
-over ideal, and the earliest the budgets allow (`earliest_seconds`); client-visible errors (a
-call that failed after the client's own retries) and turns never completed; and per provider
-its tally and the share of completed turns it served.
+over ideal, the earliest the budgets allow (`earliest_seconds`) and wall over that;
+client-visible errors (a call that failed after the client's own retries) and turns never
+completed; and per provider its tally and the share of completed turns it served.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("ideal_s", "ideal (s)", 1),
     ("earliest_s", "earliest (s)", 1),
     ("wall_over_ideal", "wall / ideal", 2),
+    ("wall_over_earliest", "wall / earliest", 2),
     ("errors", "client errors", 0),
 )
 SECTION = "## Hosted APIs under rate limits (`python -m bench.ratelimit`)"
@@ -87,6 +88,7 @@ def measure(
         output_tokens=sum(t.completion_tokens for t in done),
     )
     ideal = ideal_seconds(charged, providers, window_real_s)
+    earliest = earliest_seconds(charged, providers, window_real_s, regime)
     served = Counter(t.provider for t in done)
     ttfb = [t.ttfb_s for t in done if t.ttfb_s is not None]
     return {
@@ -99,8 +101,9 @@ def measure(
         "ttfb_p95_s": p95(ttfb),
         "wall_s": wall_s,
         "ideal_s": ideal,
-        "earliest_s": earliest_seconds(charged, providers, window_real_s, regime),
+        "earliest_s": earliest,
         "wall_over_ideal": wall_s / ideal if ideal > 0 else None,
+        "wall_over_earliest": wall_s / earliest if earliest > 0 else None,
         "errors": sum(t.errors for t in turns),
         "turns": len(turns),
         "turns_failed": len(turns) - len(done),
@@ -181,16 +184,15 @@ def _share(value: Mapping[str, float] | None) -> str:
 
 
 def describe(scenario: Scenario) -> str:
-    """One line: the scenario's providers, regime, headers, workload and time scale."""
+    """One line: what the scenario is, its limits, its workload and its time scale."""
     limits = ", ".join(
         f"{p.id} " + " ".join(f"{b} {v:,}" for b, v in p.limits().items())
         for p in scenario.providers
     )
     return (
         f"`{scenario.name}`: {scenario.about}. Limits per window of {scenario.window_s:g} "
-        f"simulated s ({scenario.window_real_s:g} real s): {limits}; {scenario.regime} regime, "
-        f"{scenario.headers} headers, charged by {scenario.charge}; {scenario.agents} agents; "
-        f"time scale {scenario.time_scale:g}."
+        f"simulated s ({scenario.window_real_s:g} real s): {limits}; output charged by "
+        f"{scenario.charge}; {scenario.agents} agents; time scale {scenario.time_scale:g}."
     )
 
 
@@ -211,16 +213,20 @@ def section(result: Mapping[str, Any]) -> str:
         "windows shorter than a real minute (time scale > 1) its own limits cannot hold back a "
         "burst inside a window: what it does then is retry the provider's 429s; "
         "`fixed-openai-minute` has windows of a real minute. "
-        f"Seeds {result.get('seeds')}; luftpause arm "
+        "The luftpause arm "
         f"{'with stated limits' if result.get('stated_limits') else 'learning from headers only'}"
         f". Measured {result.get('machine', {}).get('when', '?')}.",
         "",
-        *(f"- {s['description']}" for s in scenarios.values()),
+        *(f"- {s['description']} Seeds {_seeds(s)}." for s in scenarios.values()),
         "",
         table(scenarios),
         "",
     ]
     return "\n".join(lines)
+
+
+def _seeds(entry: Mapping[str, Any]) -> str:
+    return ", ".join(str(s["seed"]) for s in entry["seeds"]) or "none"
 
 
 def put_section(document: str, text: str) -> str:

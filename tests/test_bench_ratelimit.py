@@ -183,15 +183,18 @@ def test_the_table_has_a_row_per_arm_and_provider_shares_with_two_providers() ->
 
 
 def test_the_results_section_is_replaced_in_place_or_appended() -> None:
-    result = {"seeds": [0], "stated_limits": False, "scenarios": {}}
-    text_ = section(result)
-    assert text_.startswith(SECTION)
+    def result(*seeds: int) -> dict[str, Any]:
+        entry = {"description": "`x`: one provider.", "seeds": [{"seed": s} for s in seeds]}
+        return {"stated_limits": False, "scenarios": {"x": {**entry, "summary": {}}}}
+
+    text_ = section(result(0))
+    assert text_.startswith(SECTION) and "- `x`: one provider. Seeds 0." in text_
     doc = "# Benchmark results\n\n## A\n\na\n"
     once = put_section(doc, text_)
     assert once.startswith(doc) and once.endswith(text_)
     between = "# R\n\n" + text_ + "\n## Later\n\nlater\n"
-    again = put_section(between, section({**result, "seeds": [0, 1]}))
-    assert again.count(SECTION) == 1 and "Seeds [0, 1]" in again and again.endswith("later\n")
+    again = put_section(between, section(result(0, 1)))
+    assert again.count(SECTION) == 1 and "Seeds 0, 1." in again and again.endswith("later\n")
 
 
 @pytest.mark.slow
