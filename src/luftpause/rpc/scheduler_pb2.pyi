@@ -406,7 +406,7 @@ class BudgetDimension(_message.Message):
     def __init__(self, name: _Optional[str] = ..., limit: _Optional[int] = ..., available: _Optional[float] = ..., reserved: _Optional[int] = ..., refill_seconds: _Optional[float] = ...) -> None: ...
 
 class BudgetStatus(_message.Message):
-    __slots__ = ("id", "kind", "replica_ids", "regime", "k", "cooldown_seconds", "dimensions", "held", "in_flight", "reading_age_seconds", "next_fit_seconds", "refused", "provider_429s")
+    __slots__ = ("id", "kind", "replica_ids", "regime", "k", "cooldown_seconds", "dimensions", "held", "in_flight", "reading_age_seconds", "next_fit_seconds", "refused", "provider_429s", "used_today")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -420,6 +420,7 @@ class BudgetStatus(_message.Message):
     NEXT_FIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_429S_FIELD_NUMBER: _ClassVar[int]
+    USED_TODAY_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: str
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -433,7 +434,8 @@ class BudgetStatus(_message.Message):
     next_fit_seconds: float
     refused: int
     provider_429s: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., regime: _Optional[str] = ..., k: _Optional[float] = ..., cooldown_seconds: _Optional[float] = ..., dimensions: _Optional[_Iterable[_Union[BudgetDimension, _Mapping]]] = ..., held: _Optional[int] = ..., in_flight: _Optional[int] = ..., reading_age_seconds: _Optional[float] = ..., next_fit_seconds: _Optional[float] = ..., refused: _Optional[int] = ..., provider_429s: _Optional[int] = ...) -> None: ...
+    used_today: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., regime: _Optional[str] = ..., k: _Optional[float] = ..., cooldown_seconds: _Optional[float] = ..., dimensions: _Optional[_Iterable[_Union[BudgetDimension, _Mapping]]] = ..., held: _Optional[int] = ..., in_flight: _Optional[int] = ..., reading_age_seconds: _Optional[float] = ..., next_fit_seconds: _Optional[float] = ..., refused: _Optional[int] = ..., provider_429s: _Optional[int] = ..., used_today: _Optional[int] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("replicas", "held", "runs", "turns_in_flight", "budgets")

@@ -109,6 +109,11 @@ def _budgets(state: State, now: float) -> Iterator[Metric]:
     provider = GaugeMetricFamily(
         "luftpause_budget_provider_429s", "429s the provider sent", labels=per_window
     )
+    used = GaugeMetricFamily(
+        "luftpause_budget_used_today_tokens",
+        "A caller key's tokens used today (UTC)",
+        labels=per_window,
+    )
     for b in budgets_view(state, now):
         ids = [b["id"], b["kind"]]
         k.add_metric(ids, b["k"])
@@ -116,6 +121,8 @@ def _budgets(state: State, now: float) -> Iterator[Metric]:
         held.add_metric(ids, b["held"])
         refused.add_metric(ids, b["refused"])
         provider.add_metric(ids, b["provider_429s"])
+        if b["used_today"] is not None:
+            used.add_metric(ids, b["used_today"])
         for dim in b["dimensions"]:
             at = [*ids, dim["name"]]
             limit.add_metric(at, dim["limit"])
@@ -124,7 +131,7 @@ def _budgets(state: State, now: float) -> Iterator[Metric]:
             reserved.add_metric(at, dim["reserved"])
             if dim["refill_s"] >= 0:
                 refill.add_metric(at, dim["refill_s"])
-    yield from (limit, available, reserved, refill, k, cooldown, held, refused, provider)
+    yield from (limit, available, reserved, refill, k, cooldown, held, refused, provider, used)
 
 
 def _pool(state: State) -> Iterator[Metric]:

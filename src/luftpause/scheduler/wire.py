@@ -252,6 +252,7 @@ def status_reply(state: State, now: float) -> pb.StatusReply:
             next_fit_seconds=-1.0 if b["next_fit_s"] is None else b["next_fit_s"],
             refused=b["refused"],
             provider_429s=b["provider_429s"],
+            used_today=-1 if b["used_today"] is None else b["used_today"],
         )
         for dim in b["dimensions"]:
             budget.dimensions.add(

@@ -70,6 +70,8 @@ def budgets_view(state: State, now: float) -> list[dict[str, Any]]:
                 else None,
                 "refused": window.refused,
                 "provider_429s": window.provider_429s,
+                # A key's tokens used today (UTC), its turns' real usage.
+                "used_today": window.day_used if window.kind == "key" else None,
             }
         )
     return views

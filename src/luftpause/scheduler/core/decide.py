@@ -231,6 +231,7 @@ def _placed_by_dataplane(d: Draft, ev: Admit) -> Applied:
         return [], []
     held = _held(d, ev, ("r", replica.id, ev.model))
     d.next_seq += 1
+    gate.count_placed(d, held, ev.at)
     moved, taken = lifecycle.start_turn(d, held, replica, ev.at, queued=False)
     return [_place_action(d, held.id, replica, held.service_class, 0.0), *taken], moved
 

@@ -100,8 +100,8 @@ def applies(view: View, held: HeldTurn) -> bool:
     """Whether `held` goes through the gate (see the module's docstring)."""
     if held.single_pass:
         return False
-    if held.key is not None and held.key.limited:
-        return True
+    if held.key is not None:
+        return True  # its use is counted, against its budget if it has one
     return any(rid in view.window_of for rid in view.generative_by_model.get(held.model, ()))
 
 
@@ -159,7 +159,7 @@ def key_window(d: Draft, key: KeyLimits, at: float, wall_at: float) -> w.Window:
 def try_admit(d: Draft, held: HeldTurn, at: float) -> Outcome:
     """Place `held` if it fits its key and a replica's window now (see the module)."""
     key = None
-    if held.key is not None and held.key.limited:
+    if held.key is not None:
         key = key_window(d, held.key, at, held.wall_at)
         cost = predict(d, held, None)
         if key.daily_limit and key.day_used + cost[2] > key.daily_limit:
@@ -255,7 +255,7 @@ def _reserve(d: Draft, wid: str, turn_id: str, cost: w.Cost) -> None:
 
 def held_windows(view: View, held: HeldTurn) -> tuple[str, ...]:
     """The windows a held turn could be blocked on: its key's, its model's replicas'."""
-    ids = [KEY_PREFIX + held.key.name] if held.key is not None and held.key.limited else []
+    ids = [KEY_PREFIX + held.key.name] if held.key is not None else []
     for rid in view.generative_by_model.get(held.model, ()):
         wid = view.window_of.get(rid)
         if wid is not None:
@@ -273,6 +273,14 @@ def order(view: View) -> list[HeldTurn]:
             h.seq,
         ),
     )
+
+
+def count_placed(d: Draft, held: HeldTurn, at: float) -> None:
+    """A turn its dataplane placed itself (a key without a budget, on an open replica): its
+    key's use is counted all the same."""
+    if held.key is not None:
+        key = key_window(d, held.key, at, held.wall_at)
+        _reserve(d, key.id, held.id, predict(d, held, None))
 
 
 def withdraw(d: Draft, held: HeldTurn, at: float) -> None:

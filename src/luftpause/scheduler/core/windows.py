@@ -227,7 +227,7 @@ def fits(window: Window, cost: Cost, now: float) -> bool:
     if now < window.cooldown_until:
         return False
     if not window.levels:
-        return not window.pending
+        return window.own or not window.pending
     for index, name in enumerate(BUDGETS):
         level = window.levels.get(name)
         if level is None or not cost[index]:
@@ -256,7 +256,7 @@ def _per(period_s: float) -> str:
 
 def fit_at(window: Window, cost: Cost, now: float) -> float | None:
     """When a turn of `cost` fits if nothing else changes (None: only a turn's end can help)."""
-    if not window.levels and window.pending:
+    if not window.levels and window.pending and not window.own:
         return None
     when = max(now, window.cooldown_until)
     for index, name in enumerate(BUDGETS):
