@@ -98,10 +98,10 @@ def _attach(d: Draft, window: w.Window, replica_id: str) -> None:
 
 def applies(view: View, held: HeldTurn) -> bool:
     """Whether `held` goes through the gate (see the module's docstring)."""
-    if held.single_pass:
-        return False
     if held.key is not None:
-        return True  # its use is counted, against its budget if it has one
+        return not held.single_pass  # its use is counted, against its budget if it has one
+    if held.single_pass or not view.window_of:
+        return False
     return any(rid in view.window_of for rid in view.generative_by_model.get(held.model, ()))
 
 
@@ -296,6 +296,8 @@ def withdraw(d: Draft, held: HeldTurn, at: float) -> None:
 
 def windows_of_turn(view: View, held: HeldTurn, replica_id: str) -> tuple[str, ...]:
     """The windows holding a reservation for `held`, placed on `replica_id`."""
+    if held.key is None and not view.window_of:
+        return ()
     ids = []
     if held.key is not None:
         ids.append(KEY_PREFIX + held.key.name)
