@@ -219,7 +219,11 @@ def main() -> None:
     if not (args.quick or args.no_report):
         md = RESULTS / "RESULTS.md"
         data = json.loads(path.read_text())
-        md.write_text(put_section(md.read_text() if md.exists() else "", section(data)))
+        beside = RESULTS / "ratelimit_stated.json"
+        stated = (
+            json.loads(beside.read_text()) if args.out == "ratelimit" and beside.exists() else None
+        )
+        md.write_text(put_section(md.read_text() if md.exists() else "", section(data, stated)))
         print(f"wrote its section into {md}")
 
 

@@ -196,8 +196,9 @@ def describe(scenario: Scenario) -> str:
     )
 
 
-def section(result: Mapping[str, Any]) -> str:
-    """RESULTS.md's section for a `bench/results/ratelimit.json` result."""
+def section(result: Mapping[str, Any], stated: Mapping[str, Any] | None = None) -> str:
+    """RESULTS.md's section for a `bench/results/ratelimit.json` result, and the luftpause arm
+    with stated limits beside it when `stated` (ratelimit_stated.json) is given."""
     scenarios = result["scenarios"]
     lines = [
         SECTION,
@@ -209,10 +210,11 @@ def section(result: Mapping[str, Any]) -> str:
         "waits included. Ideal: the completed turns' tokens (and requests) over the budgets' "
         "rate; earliest: what the budgets allow, since they start whole. Direct with two "
         "providers sends turn k of agent i to provider (i + k) mod 2. LiteLLM gets each "
-        "provider's rpm and tpm per real minute and counts them per calendar minute, so with "
-        "windows shorter than a real minute (time scale > 1) its own limits cannot hold back a "
-        "burst inside a window: what it does then is retry the provider's 429s; "
-        "`fixed-openai-minute` has windows of a real minute. "
+        "provider's rpm and tpm per real minute; it counts them per calendar minute (not the "
+        "provider's window) and a call's tokens when the call ends, so with windows shorter "
+        "than a real minute (time scale > 1) its own limits cannot hold back a burst inside a "
+        "window, and its router retries the provider's 429s; `fixed-openai-minute` has "
+        "windows of a real minute. "
         "The luftpause arm "
         f"{'with stated limits' if result.get('stated_limits') else 'learning from headers only'}"
         f". Measured {result.get('machine', {}).get('when', '?')}.",
@@ -222,6 +224,15 @@ def section(result: Mapping[str, Any]) -> str:
         table(scenarios),
         "",
     ]
+    if stated:
+        lines += [
+            "The luftpause arm again with each provider's limits also stated in the endpoint "
+            "file (`--stated-limits --arms luftpause --out ratelimit_stated`), measured "
+            f"{stated.get('machine', {}).get('when', '?')}:",
+            "",
+            table(stated["scenarios"]),
+            "",
+        ]
     return "\n".join(lines)
 
 
