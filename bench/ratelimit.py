@@ -77,6 +77,7 @@ def facts(turn: Turn) -> TurnFacts:
         provider=turn.provider,
         refused_seen=turn.refused_seen,
         errors=len(turn.errors),
+        error_kinds=tuple(turn.errors),
     )
 
 

@@ -61,6 +61,7 @@ class TurnFacts:
     provider: str
     refused_seen: int
     errors: int
+    error_kinds: tuple[str, ...] = ()  # `status 429`, `APITimeoutError`, ... one per error
 
 
 def p95(values: Sequence[float]) -> float | None:
@@ -105,6 +106,7 @@ def measure(
         "wall_over_ideal": wall_s / ideal if ideal > 0 else None,
         "wall_over_earliest": wall_s / earliest if earliest > 0 else None,
         "errors": sum(t.errors for t in turns),
+        "error_kinds": dict(Counter(k for t in turns for k in t.error_kinds)),
         "turns": len(turns),
         "turns_failed": len(turns) - len(done),
         "workload_tokens": charged.tokens,

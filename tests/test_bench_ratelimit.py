@@ -144,11 +144,13 @@ def test_p95_picks_by_rank() -> None:
 
 
 def test_an_arms_figures_come_from_its_turns_and_the_providers_tallies() -> None:
-    turns = [turn(), turn(provider="p1"), turn(ok=False, errors=2, refused_seen=3)]
+    failed = turn(ok=False, errors=2, refused_seen=3, error_kinds=("status 429",) * 2)
+    turns = [turn(), turn(provider="p1"), failed]
     tallies = {"p0": tally(refused=4, billed=1000), "p1": tally(refused=1, billed=1000)}
     two = (Provider(id="p0", tpm=1_000), Provider(id="p1", tpm=1_000))
     m = measure(turns, tallies, wall_s=2.0, providers=two, window_real_s=2.0, regime="fixed")
     assert (m["provider_429s"], m["client_429s"], m["errors"]) == (5, 3, 2)
+    assert m["error_kinds"] == {"status 429": 2}
     assert (m["billed_tokens"], m["refused_tokens"], m["turns_failed"]) == (2000, 14, 1)
     assert m["goodput_tps"] == 1000.0  # two completed turns of 1000 tokens in 2 s
     assert (m["ideal_s"], m["earliest_s"], m["wall_over_ideal"]) == (2.0, 0.0, 1.0)
