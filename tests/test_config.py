@@ -223,3 +223,15 @@ def test_bad_limits_are_refused_with_what_is_wrong(limits: object, says: str) ->
     with pytest.raises(ConfigError) as err:
         parse_config(raw)
     assert says in str(err.value)
+
+
+def test_stated_limits_may_count_over_another_window() -> None:
+    raw = {"endpoints": [{"id": "a", "url": "http://a:1", "models": ["m"], "limits": {"tpm": 9}}]}
+    (default,) = parse_config(raw).endpoints
+    raw["endpoints"][0]["limits"] = {"tpm": 9, "window_s": 10}
+    (short,) = parse_config(raw).endpoints
+    assert default.limits is not None and default.limits.window_s == 60.0
+    assert short.limits is not None and short.limits.window_s == 10.0
+    raw["endpoints"][0]["limits"] = {"window_s": 0}
+    with pytest.raises(ConfigError, match="window_s must be seconds"):
+        parse_config(raw)

@@ -16,6 +16,7 @@ provider that sends no headers, or to be safe before the first reply::
           otpm: 0              # output tokens per minute (Anthropic)
           share: org-key       # endpoints behind one API key share one window
           charges: usage       # or max_tokens: the provider counts a request's max_tokens
+          window_s: 60         # the stated limits count over this many seconds (a minute)
           headers:             # header names of a provider that renames them
             x-ratelimit-remaining-tokens: x-remaining-tokens
 
@@ -48,6 +49,8 @@ class Limits:
     otpm: int = 0
     share: str = ""
     charges: str = "usage"
+    # The seconds the stated limits count over (their names say per minute: the default).
+    window_s: float = 60.0
     # Canonical header name (as `common.ratelimits` reads it) -> the provider's name for it.
     headers: Mapping[str, str] = field(default_factory=dict)
 
@@ -68,7 +71,7 @@ def parse_limits(value: Any, where: str) -> Limits | None:
         return None
     if not isinstance(value, Mapping):
         raise LimitsError(f"{where} must be a mapping (tpm, rpm, itpm, otpm, share, ...)")
-    unknown = set(value) - {*_COUNTS, "share", "charges", "headers"}
+    unknown = set(value) - {*_COUNTS, "share", "charges", "headers", "window_s"}
     if unknown:
         raise LimitsError(f"{where}: unknown keys {sorted(unknown)}")
     counts: dict[str, int] = {}
@@ -83,6 +86,9 @@ def parse_limits(value: Any, where: str) -> Limits | None:
     charges = value.get("charges", "usage")
     if charges not in CHARGES:
         raise LimitsError(f"{where}.charges must be one of {', '.join(CHARGES)}, got {charges!r}")
+    window = value.get("window_s", 60.0)
+    if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window <= 86400:
+        raise LimitsError(f"{where}.window_s must be seconds in (0, 86400], got {window!r}")
     headers = value.get("headers", {})
     if not isinstance(headers, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) and k and v for k, v in headers.items()
@@ -92,5 +98,6 @@ def parse_limits(value: Any, where: str) -> Limits | None:
         **counts,
         share=share.strip(),
         charges=charges,
+        window_s=float(window),
         headers={k.lower(): v.lower() for k, v in headers.items()},
     )

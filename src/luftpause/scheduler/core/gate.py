@@ -74,6 +74,7 @@ def setup(d: Draft, endpoints: Iterable[Endpoint]) -> None:
                     limits.per_minute(),
                     0.0,
                     charges_max_tokens=limits.charges == "max_tokens",
+                    period_s=limits.window_s,
                 )
                 if not window.levels:  # nothing stated: learned from the first reply
                     window = evolve_window(window, own=False, regime=w.Regime.UNKNOWN)

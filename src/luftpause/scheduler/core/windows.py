@@ -133,10 +133,11 @@ def stated(
     kind: str = "endpoint",
     replicas: tuple[str, ...] = (),
     charges_max_tokens: bool = False,
+    period_s: float = MINUTE_S,
 ) -> Window:
-    """A window of our own from stated limits per minute, full at `at`."""
+    """A window of our own from stated limits per `period_s` (a minute), full at `at`."""
     levels = {
-        name: Level(limit=limit, base=float(limit), at=at, full_at=at)
+        name: Level(limit=limit, base=float(limit), at=at, full_at=at, period_s=period_s)
         for name, limit in per_minute.items()
         if limit > 0
     }
