@@ -11,7 +11,9 @@ when the caller's exit stack closes:
   strategy whose pre-call checks refuse a deployment over its rpm/tpm (LiteLLM's load-balancing
   docs: "when you want to respect rate limits");
 - `luftpause`: a scheduler and a dataplane on an endpoint file listing the providers (with
-  `limits:` per real minute when `stated`, else nothing: learned from the reply headers).
+  `limits: {}` (rate-limited from the start, learned from the replies' headers), or with
+  `--stated-limits` the provider's limits per its window, `window_s` being the window in real
+  time).
 
 `align` starts a measurement at the start of a fixed window (the budgets whole, the simulators'
 tallies zeroed), so every arm meets the same window boundaries.
@@ -109,9 +111,13 @@ async def _litellm(launcher: Launcher, scenario: Scenario, endpoints: Sequence[E
 def luftpause_endpoints(
     scenario: Scenario, endpoints: Sequence[Endpoint], stated: bool
 ) -> list[Endpoint]:
-    """The endpoint file's entries: with `limits:` per real minute when `stated`."""
+    """The endpoint file's entries, rate-limited from the start (`limits: {}`, learned from
+    the replies' headers), or with the limits stated per window when `stated`."""
     if not stated:
-        return list(endpoints)
+        return [
+            Endpoint(id=e.id, url=e.url, models=e.models, options={"limits": {}})
+            for e in endpoints
+        ]
     return [
         Endpoint(
             id=e.id,

@@ -244,8 +244,9 @@ def litellm_limits(provider: Provider, window_real_s: float) -> dict[str, int]:
 
 
 def stated_limits(provider: Provider, window_real_s: float, charge: str) -> dict[str, object]:
-    """The endpoint file's `limits:` for `provider` (per real minute, as the file reads)."""
-    return {**provider.per_real_minute(window_real_s), "charges": charge}
+    """The endpoint file's `limits:` for `provider`: its budgets per window of
+    `window_real_s` real seconds (`window_s`), as its simulator counts them."""
+    return {**provider.limits(), "window_s": window_real_s, "charges": charge}
 
 
 def usage_split(items: Mapping[str, int]) -> Charged:

@@ -19,6 +19,7 @@ from typing import Any
 from bench.common import RESULTS
 from bench.matrix_report import matrix_table
 from bench.matrix_report import plot as plot_matrix
+from bench.ratelimit_summary import section as ratelimit_section
 from bench.scheduler_core import comparison_section
 
 # Flood results and their titles, in report order.
@@ -369,6 +370,10 @@ def render(floods: dict[str, dict[str, Any]]) -> str:
     core = RESULTS / "scheduler_core_against.json"
     if core.exists():
         parts.append(comparison_section(json.loads(core.read_text())))
+    limited, stated = RESULTS / "ratelimit.json", RESULTS / "ratelimit_stated.json"
+    if limited.exists():
+        also = json.loads(stated.read_text()) if stated.exists() else None
+        parts.append(ratelimit_section(json.loads(limited.read_text()), also))
     return "\n".join(parts)
 
 

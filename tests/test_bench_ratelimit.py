@@ -93,10 +93,15 @@ def test_budgets_start_whole_so_the_earliest_end_is_a_window_before_the_ideal() 
     assert earliest_seconds(Charged(input_tokens=5_000), ONE, 10.0, "fixed") == 0.0
 
 
-def test_litellm_and_the_endpoint_file_get_the_limits_per_real_minute() -> None:
+def test_litellm_gets_the_limits_per_real_minute_the_endpoint_file_per_window() -> None:
     p = Provider(id="p0", rpm=120, tpm=60_000)
     assert litellm_limits(p, window_real_s=10.0) == {"rpm": 720, "tpm": 360_000}
-    assert stated_limits(p, 10.0, "usage") == {"rpm": 720, "tpm": 360_000, "charges": "usage"}
+    assert stated_limits(p, 10.0, "usage") == {
+        "rpm": 120,
+        "tpm": 60_000,
+        "window_s": 10.0,
+        "charges": "usage",
+    }
     anthropic = Provider(id="p0", rpm=60, itpm=30_000, otpm=1_500)
     assert litellm_limits(anthropic, 60.0) == {"rpm": 60, "tpm": 30_000}
 
@@ -114,9 +119,15 @@ def test_litellm_lists_every_provider_as_a_deployment_of_one_model() -> None:
 def test_luftpause_states_limits_only_when_asked() -> None:
     scenario = SCENARIOS["fixed-openai"]
     ends = [Endpoint(id="p0", url="http://127.0.0.1:9000")]
-    assert luftpause_endpoints(scenario, ends, stated=False) == ends
+    (learned,) = luftpause_endpoints(scenario, ends, stated=False)
+    assert learned.options == {"limits": {}}  # rate-limited from the start, learned from headers
     (stated,) = luftpause_endpoints(scenario, ends, stated=True)
-    assert stated.options["limits"] == {"rpm": 720, "tpm": 360_000, "charges": "usage"}
+    assert stated.options["limits"] == {
+        "rpm": 120,
+        "tpm": 60_000,
+        "window_s": scenario.window_real_s,
+        "charges": "usage",
+    }
 
 
 def test_the_simulator_gets_the_scenarios_limits_regime_and_headers() -> None:
