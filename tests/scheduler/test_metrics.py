@@ -70,6 +70,6 @@ def test_each_rate_limit_window_shows_its_budget_reservations_k_and_refusals() -
     sample = host.metrics.registry.get_sample_value
     assert sample("luftpause_budget_limit", labels) == 600
     assert sample("luftpause_budget_reserved", labels) == 100 + 256  # prompt + default reply
-    assert sample("luftpause_budget_k", {"window": "api", "kind": "endpoint"}) == 1.0
+    assert sample("luftpause_budget_k", {"window": "api", "kind": "endpoint"}) == 2.0
     assert sample("luftpause_budget_refused", {"window": "api", "kind": "endpoint"}) == 1
     assert sample("luftpause_turns_refused_for_budget_total", {}) == 1

@@ -228,7 +228,7 @@ class Replies:
     mean: float = 0.0
     var: float = 0.0
 
-    def add(self, tokens: int) -> Replies:
+    def add(self, tokens: float) -> Replies:
         x = float(max(tokens, 0))
         mean = ewma(self.mean, x, self.n)
         var = (1 - ALPHA) * (self.var + ALPHA * (x - self.mean) ** 2) if self.n > 0 else 0.0

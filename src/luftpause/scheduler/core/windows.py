@@ -40,9 +40,10 @@ from typing import Any
 import immutables
 
 from luftpause.common.ratelimits import BUDGETS, Reading
+from luftpause.scheduler.core.learned import Replies
 
 MINUTE_S = 60.0
-K_START = 1.0
+K_START = 2.0
 K_UP = 0.5
 K_MAX = 4.0
 K_DECAY = 0.05
@@ -61,6 +62,7 @@ Cost = tuple[int, int, int, int]
 """What a turn costs, by `BUDGETS` (requests, tokens, input tokens, output tokens)."""
 
 NO_COST: Cost = (0, 0, 0, 0)
+_NO_MISSES = Replies()
 _EMPTY: immutables.Map[Any, Any] = immutables.Map()
 
 
@@ -91,6 +93,8 @@ class Pending:
 
     cost: Cost
     counted: bool = False
+    # The window's `scale()` the cost was predicted with (its misses are learned unscaled).
+    scale: float = 1.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +127,14 @@ class Window:
     daily_limit: int = 0
     day: int = -1
     day_used: int = 0
+    # What turns really cost over what was predicted for them (tokens): predictions are scaled
+    # by its mean + k sigma, so one that keeps falling short stops admitting past the budget.
+    misses: Replies = _NO_MISSES
+
+    def scale(self) -> float:
+        """The factor on predicted tokens: 1 until three turns ended, never below 1."""
+        seen = self.misses.predict(self.k)
+        return 1.0 if seen is None else max(1.0, seen)
 
 
 def stated(
@@ -296,9 +308,10 @@ def refill_s(window: Window, name: str, now: float) -> float:
 
 
 def reserve(window: Window, turn_id: str, cost: Cost) -> Window:
+    pending = Pending(cost=cost, scale=window.scale())
     return _with(
         window,
-        pending=window.pending.set(turn_id, Pending(cost=cost)),
+        pending=window.pending.set(turn_id, pending),
         uncounted=_plus(window.uncounted, cost),
     )
 
@@ -311,6 +324,8 @@ def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok:
     if pending is None:
         return window
     changes: dict[str, Any] = {"pending": window.pending.delete(turn_id)}
+    if actual is not None and pending.cost[1] > 0 and actual[1] > 0:
+        changes["misses"] = window.misses.add(actual[1] * pending.scale / pending.cost[1])
     if not pending.counted:
         changes["uncounted"] = _minus(window.uncounted, pending.cost)
         if actual is not None:
@@ -443,7 +458,7 @@ def _count_turn(window: Window, turn_id: str) -> Window:
     p = window.pending.get(turn_id)
     if p is None or p.counted:
         return window
-    counted = Pending(cost=p.cost, counted=True)
+    counted = Pending(cost=p.cost, counted=True, scale=p.scale)
     return _with(
         window,
         pending=window.pending.set(turn_id, counted),
