@@ -47,7 +47,9 @@ def start_turn(
         save_to=save,
         restore_from=restore,
         prompt_bytes=held.prompt_bytes,
-        windows=gate.windows_of_turn(d, held, replica.id),
+        windows=()
+        if held.key is None and not d.window_of
+        else gate.windows_of_turn(d, held, replica.id),
         max_tokens=held.max_tokens,
     )
     changes = counters.on_place(replica, turn)
