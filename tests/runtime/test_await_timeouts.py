@@ -14,6 +14,7 @@ from mcp import Client
 
 from luftpause.runtime import machine as m
 from luftpause.runtime.arguments import AWAIT_DEFAULT, AWAIT_MAX
+from luftpause.runtime.questions import Questions
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server
 
@@ -26,6 +27,7 @@ class Recording:
 
     waits: list[tuple[list[str], str, float]] = field(default_factory=list)
     runs: dict[str, Any] = field(default_factory=lambda: {HANDLE: object()})
+    questions: Questions = field(default_factory=Questions)
 
     async def spawn(self, spec: m.RunSpec) -> str:
         self.runs[spec.handle] = object()

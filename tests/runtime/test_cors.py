@@ -45,7 +45,8 @@ def client(runtime: Runtime, origins: tuple[str, ...], token: bytes | None) -> h
 async def test_status_answers_an_allowed_origin_with_its_origin(runtime: Runtime) -> None:
     async with client(runtime, (PAGE,), None) as http:
         resp = await http.get("/status", headers={"Origin": PAGE})
-    assert resp.status_code == 200 and resp.json() == {"runs": 0, "byState": {}, "tree": []}
+    body = resp.json()
+    assert resp.status_code == 200 and (body["runs"], body["byState"], body["tree"]) == (0, {}, [])
     assert resp.headers["access-control-allow-origin"] == PAGE
     assert resp.headers["vary"] == "Origin"
 

@@ -11,7 +11,9 @@ every run below them):
                              the call with the answer, which is applied before waiting again
 
 Declining or cancelling the form declines the call. Other clients get the plain wait, and
-answer with the `approve` tool.
+answer with the `approve` tool. Each question costs the asking session's attention budget
+(`questions`): past it, or while the session is away, questions wait unasked (oldest first)
+until the budget frees or away is switched off; `approve` answers them meanwhile.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from luftpause.runtime.runs import Approval, Runtime
 
 INPUT_REQUIRED_VERSION = "2026-07-28"
 _KEY_PREFIX = "approve/"
+_OVER = frozenset({"finished", "failed", "cancelled"})
+_SLACK = 0.05  # past the moment the budget frees, so the ask finds it free
 
 
 class AllowForm(BaseModel):
@@ -95,11 +99,14 @@ async def covering_wait(
     ctx: Context[Any, Any] | None,
     *,
     request_state: str | None = None,
+    session: str = "mcp",
 ) -> list[dict[str, Any]] | InputRequiredResult:
     """`await` for `handles`, asking the client about their approvals as the docstring says.
 
     `request_state` rides an input-required result back to the repeated call (`run` keeps its
-    handle there, so the repeat waits for the same run instead of spawning another).
+    handle there, so the repeat waits for the same run instead of spawning another). Questions
+    go oldest first, each only when the attention budget of `session` (the MCP session) lets
+    it be asked (`questions`); a held one waits until the budget frees or away is switched off.
     """
     if ctx is None or not can_elicit(ctx):
         return await runtime.await_runs(handles, mode, timeout)
@@ -110,19 +117,34 @@ async def covering_wait(
     deadline = loop.time() + timeout
     while True:
         pending = runtime.pending_approvals(handles)
+        held = None
         if pending:
             handle, approval = pending[0]
-            if modern:
+            held = runtime.questions.ask(session, handle, approval)
+            if held is None and modern:
                 return _input_required(handle, approval, request_state)
-            answer = await ctx.elicit(question(handle, approval), AllowForm)
-            with contextlib.suppress(RequestError):
-                await runtime.approve(handle, _allow(answer), call_id=approval.call.id)
-            continue
-        with runtime.approval_watch() as asked:
-            remaining = max(0.0, deadline - loop.time())
-            out = await runtime.await_runs(handles, mode, remaining, interrupt=asked)
-            if not (asked.is_set() and runtime.pending_approvals(handles)):
-                return out
+            if held is None:
+                answer = await ctx.elicit(question(handle, approval), AllowForm)
+                with contextlib.suppress(RequestError):
+                    await runtime.approve(handle, _allow(answer), call_id=approval.call.id)
+                continue
+        remaining = max(0.0, deadline - loop.time())
+        if held is not None and held.until is not None:  # the budget frees: ask then
+            remaining = min(remaining, max(0.0, held.until - runtime.questions.clock()) + _SLACK)
+        with runtime.approval_watch() as changed, runtime.questions.watching(changed):
+            if runtime.pending_approvals(handles) != pending:
+                continue  # one began (or ended) while we looked: look again
+            out = await runtime.await_runs(handles, mode, remaining, interrupt=changed)
+        if _settled(out, mode) or loop.time() >= deadline:
+            return out
+
+
+def _settled(runs: list[dict[str, Any]], mode: str) -> bool:
+    """The runs `await` waits for are over (all, or any, of those that exist)."""
+    over = [r["state"] in _OVER for r in runs if r["state"] != "unknown"]
+    if not over:
+        return True
+    return any(over) if mode == "any" else all(over)
 
 
 def input_request(handle: str, approval: Approval) -> tuple[str, ElicitRequest]:

@@ -6,8 +6,10 @@ format as the run journal, `store.JournalFile`). A client that declares the exte
 request capabilities gets a task from `run` instead of waiting in the call:
 
     tools/call run  -> {"resultType": "task", "taskId", "status": "working", ...}
-    tasks/get       -> working | input_required (inputRequests: the approval question, as in
-                       `ask`) | completed (result: run's CallToolResult) | failed | cancelled
+    tasks/get       -> working | input_required (inputRequests: the approval questions, as in
+                       `ask`, as far as the session's attention budget lets them be asked,
+                       `questions`) | completed (result: run's CallToolResult) | failed |
+                       cancelled
     tasks/update    -> inputResponses answer the approval question; {} back
     tasks/cancel    -> cancels the run (and its subtree); the task is cancelled
 
@@ -38,6 +40,7 @@ from luftpause.common.auth import Identity
 from luftpause.runtime import ask, journal
 from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError
+from luftpause.runtime.questions import TASKS_SESSION, session_of
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.store import JournalFile
 
@@ -144,7 +147,7 @@ class TasksExtension(Extension):
     # --- methods ---
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        return self._view(self._entry(params.task_id))
+        return self._view(self._entry(params.task_id), session_of(ctx.request))
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
         self._entry(params.task_id)
@@ -173,8 +176,8 @@ class TasksExtension(Extension):
         self.tasks[entry.task_id] = entry
         return entry
 
-    def _view(self, entry: TaskEntry) -> dict[str, Any]:
-        """The task as tasks/get shows it."""
+    def _view(self, entry: TaskEntry, session: str = TASKS_SESSION) -> dict[str, Any]:
+        """The task as tasks/get shows it; its questions as `session`'s attention allows."""
         out: dict[str, Any] = {
             "taskId": entry.task_id,
             "createdAt": entry.created_at,
@@ -196,6 +199,7 @@ class TasksExtension(Extension):
             dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             return out | {"status": "completed", "result": dumped}
         pending = self.runtime.pending_approvals([entry.run])
+        pending = [(h, a) for h, a in pending if self.runtime.questions.ask(session, h, a) is None]
         if pending:
             requests = dict(ask.input_request(h, a) for h, a in pending)
             dumped_requests = {
