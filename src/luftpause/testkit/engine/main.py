@@ -149,6 +149,15 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
         help="reply tokens reserved when a request sets no max_tokens",
     )
     add("--labels", default=",".join(_S.labels), help="single-pass labels, comma-separated")
+    add(
+        "--context-window",
+        type=_positive_int,
+        default=_S.context_window,
+        metavar="N",
+        help="the context window in tokens: a prompt plus max_tokens longer than N gets a 400 "
+        "context_length_exceeded; /v1/models says it as max_model_len (unset: no limit but the "
+        "KV pool)",
+    )
     _rate_limit_args(p)
     add("--require-key", default=None, help="answer 401 unless Authorization: Bearer KEY")
     add(
@@ -243,6 +252,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         require_key=args.require_key,
         slot_saves=args.slot_saves,
         stream_interval=args.stream_interval,
+        context_window=args.context_window,
     )
 
 

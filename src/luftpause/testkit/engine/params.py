@@ -121,6 +121,9 @@ class SimParams:
     # Answer llama.cpp's slot save/restore calls (as llama-server with --slot-save-path).
     slot_saves: bool = False
     debug_log_size: int = 1000
+    # The context window in tokens: a chat request whose prompt plus max_tokens is longer gets
+    # OpenAI's 400 `context_length_exceeded`, and /v1/models says it (`max_model_len`).
+    context_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -133,6 +136,8 @@ class SimParams:
             raise ValueError("stream_interval must be >= 1")
         if len(self.labels) < 2:
             raise ValueError("single-pass needs at least two labels")
+        if self.context_window is not None and self.context_window < 1:
+            raise ValueError("context_window must be >= 1 when given")
         self._check_rate_limits()
 
     def _check_rate_limits(self) -> None:

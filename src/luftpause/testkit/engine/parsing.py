@@ -22,11 +22,28 @@ from luftpause.testkit.engine.params import TOOL_STYLES, SimParams, ToolStyle
 class HttpError(Exception):
     """An answer other than 200, with OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
+        self.code = code
         self.headers: dict[str, str] = {}
+
+
+def too_long(window: int, prompt: int, reply: int) -> HttpError:
+    """OpenAI's refusal of a prompt plus reply longer than the context window."""
+    message = (
+        f"This model's maximum context length is {window} tokens. However, you requested "
+        f"{prompt + reply} tokens ({prompt} in the messages, {reply} in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
+    return HttpError(400, message, "invalid_request_error", "context_length_exceeded")
 
 
 FAIL_HEADER = "x-sim-fail"

@@ -9,6 +9,9 @@ Pure module: no I/O, no randomness (ids come in from the caller). The script:
   `<tool_call>` in their content gets the content `<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>` and finish reason "stop": an ordinary text reply, as a router sees it. The tool
   is the first offered one, or `lookup` when the request offers none;
+- a request whose last user message asks to "summarize the conversation" (a context wall's
+  summary call, as the runtime makes one) gets notes with the first `SUMMARY_WORDS` words of
+  each tool result (and of an earlier summary), cut at `max_tokens`;
 - otherwise a final answer of `reply_tokens` filler words (cut at `max_tokens`). When the last
   user message lists labels ("one of: a, b, c", or several quoted strings), the answer starts
   with one of them, and logprobs of the first token rank the labels first.
@@ -45,6 +48,8 @@ _LOOKUP: Mapping[str, Any] = {
     "name": "lookup",
     "parameters": {"properties": {"query": {"type": "string"}}, "required": ["query"]},
 }
+_SUMMARY_ASK = re.compile(r"summari[sz]e the conversation", re.IGNORECASE)
+SUMMARY_WORDS = 8
 _QUERIES = (
     "length of the river Loire",
     "year the old mill was built",
@@ -100,6 +105,25 @@ def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
         if m.get("role") == "user":
             return content_text(m.get("content"))
     return ""
+
+
+def is_summary_request(messages: Sequence[Mapping[str, Any]]) -> bool:
+    """The request asks for a summary of the conversation (the last user message says so)."""
+    return bool(_SUMMARY_ASK.search(last_user_text(messages)))
+
+
+def summary_reply(messages: Sequence[Mapping[str, Any]], max_tokens: int) -> Reply:
+    """Notes on the conversation: the start of each tool result and of any earlier summary."""
+    notes = [
+        " ".join(content_text(m.get("content")).split()[:SUMMARY_WORDS])
+        for m in messages
+        if m.get("role") == "tool"
+        or content_text(m.get("content")).startswith("[Summary of rounds")
+    ]
+    text = f"Notes on {len(notes)} earlier results: " + "; ".join(notes)
+    pieces = _chunks(text)
+    cut = len(pieces) > max_tokens
+    return Reply(pieces=pieces[:max_tokens], finish_reason="length" if cut else "stop")
 
 
 def label_candidates(text: str) -> tuple[str, ...]:
@@ -174,6 +198,8 @@ def plan_reply(
     """Script the reply to a chat request."""
     messages = request.get("messages") or []
     tools = request.get("tools") or []
+    if is_summary_request(messages):
+        return summary_reply(messages, max_tokens)
     if tool_style == "text" and (done := text_calls(messages)) < tool_rounds:
         pieces = _chunks(_text_call(tools, done))
         cut = len(pieces) > max_tokens

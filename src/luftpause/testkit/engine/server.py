@@ -29,11 +29,12 @@ from luftpause.testkit.engine.parsing import (
     decode_body,
     parse_chat,
     parse_classify,
+    too_long,
 )
 from luftpause.testkit.engine.ratelimit import Cost, RateLimiter, parse_limits
 from luftpause.testkit.engine.ratelimit_headers import retry_headers
 from luftpause.testkit.engine.records import RequestTooLarge, Submission
-from luftpause.testkit.engine.script import classify_probs, plan_reply
+from luftpause.testkit.engine.script import classify_probs, is_summary_request, plan_reply
 from luftpause.testkit.engine.tokens import (
     END,
     render_prompt,
@@ -118,11 +119,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # llama.cpp's `id_slot` means nothing here (no slots); the log shows what was asked for.
     slot = chat.body.get("id_slot")
     entry.update(model=chat.model, stream=chat.stream, priority=chat.priority, id_slot=slot)
+    entry["summary"] = is_summary_request(chat.body["messages"])  # a context wall's summary
     entry["max_tokens"] = chat.body.get("max_tokens")  # as sent (null: none), not as reserved
     if chat.fail is not None and chat.fail.status is not None:
         raise _injected(chat.fail.status)
     text = render_prompt(chat.body["messages"], chat.body.get("tools"))
     prompt = tokenize(text)
+    window = sim.params.context_window
+    if window is not None and len(prompt) + chat.max_tokens > window:
+        raise too_long(window, len(prompt), chat.max_tokens)
     reply = plan_reply(
         chat.body,
         tool_rounds=chat.tool_rounds,
@@ -216,7 +221,9 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     sim = request.app[SIM]
     sim.note(request, count=False)
     sim.check_key(request)
-    return web.json_response(wire.models(sim.params.model, sim.started, sim.params.replica_id))
+    params = sim.params
+    models = wire.models(params.model, sim.started, params.replica_id, params.context_window)
+    return web.json_response(models)
 
 
 async def health(request: web.Request) -> web.StreamResponse:
@@ -309,7 +316,7 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
         if exc.status != 429:  # 429s are counted by the limiter
             request.app[SIM].rejected_total += 1
         return web.json_response(
-            wire.error(str(exc), exc.kind), status=exc.status, headers=exc.headers
+            wire.error(str(exc), exc.kind, exc.code), status=exc.status, headers=exc.headers
         )
     except web.HTTPException as exc:  # unknown path or method: same error shape
         if exc.status < 400:

@@ -152,8 +152,11 @@ def server_info(params: SimParams) -> dict[str, Any]:
     }
 
 
-def models(model: str, created: int, owner: str) -> dict[str, Any]:
-    entry = {"id": model, "object": "model", "created": created, "owned_by": owner}
+def models(model: str, created: int, owner: str, window: int | None = None) -> dict[str, Any]:
+    """`GET /v1/models`; with a context window, as vLLM says it (`max_model_len`)."""
+    entry: dict[str, Any] = {"id": model, "object": "model", "created": created, "owned_by": owner}
+    if window is not None:
+        entry["max_model_len"] = window
     return {"object": "list", "data": [entry]}
 
 
