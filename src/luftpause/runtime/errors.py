@@ -4,6 +4,7 @@ Pure module. Tree::
 
     RuntimeServiceError          code, retryable
     ├── TurnError                a model turn failed for good (the run fails with it)
+    │   └── ContextOverflow      the engine said the prompt does not fit its context window
     └── RequestError             a tool call to the runtime was malformed (unknown handle, ...)
 """
 
@@ -24,6 +25,17 @@ class RuntimeServiceError(Exception):
 
 class TurnError(RuntimeServiceError):
     code = "turn_failed"
+
+
+class ContextOverflow(TurnError):
+    """The engine refused the prompt as longer than its context window (`window`, when it said);
+    the run compacts its history and tries again (`wall`) before it fails with this."""
+
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, window: int | None = None) -> None:
+        super().__init__(message, retryable=False)
+        self.window = window
 
 
 class RequestError(RuntimeServiceError):

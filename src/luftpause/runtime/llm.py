@@ -8,6 +8,9 @@ request is a `chat` span (`spans`) whose traceparent goes to the dataplane. A ru
 to a key of the keys file (`owners`) sends its turns on behalf of that key
 (`x-luftpause-on-behalf-of`), with the runtime's own bearer (`LUFTPAUSE_RUNTIME_KEY`, a service
 key, else `LUFTPAUSE_TOKEN`).
+
+A prompt the engine refuses as longer than its context window is raised at once, never
+retried, as `ContextOverflow` (the run then compacts its history, `wall`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from opentelemetry.trace import Span
 
 from luftpause.common import tracing
 from luftpause.common.auth import ON_BEHALF_OF_HEADER
-from luftpause.runtime import spans
-from luftpause.runtime.errors import TurnError
+from luftpause.runtime import compaction, spans
+from luftpause.runtime.errors import ContextOverflow, TurnError
 from luftpause.runtime.hygiene import recover_text_calls
 from luftpause.runtime.machine import RunSpec, ToolCall, TurnCompleted, Usage
 
@@ -46,6 +49,16 @@ def retry_after(headers: Mapping[str, str] | None) -> float:
         return max(0.0, float(raw)) if raw is not None else DEFAULT_RETRY_AFTER
     except ValueError:
         return DEFAULT_RETRY_AFTER
+
+
+def context_overflow(exc: openai.APIError) -> ContextOverflow | None:
+    """The engine's `context_length_exceeded` (or its like, `compaction.overflow`), if it is."""
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    body = exc.body if exc.body is not None else exc.message
+    found, window = compaction.overflow(exc.status_code, body)
+    message = f"{ContextOverflow.code}: {type(exc).__name__}: {exc}"
+    return ContextOverflow(message, window=window) if found else None
 
 
 class Llm:
@@ -94,6 +107,9 @@ class Llm:
                 log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
                 await asyncio.sleep(delay)
             except openai.APIError as exc:
+                overflow = context_overflow(exc)
+                if overflow is not None:  # the same prompt would fail again: no retry
+                    raise overflow from exc
                 failures += 1
                 message = f"{type(exc).__name__}: {exc}"
                 if failures > RETRIES:

@@ -1,9 +1,9 @@
 """The run state machine: one sub-agent run's lifecycle as a pure function of its events.
 
-Pure module: no I/O, no clock reads, no awaits; imports only the standard library, `steps`
-and `values` (whose types it re-exports). The shell (`runs`) feeds it events and carries out
-the decisions it returns; replay (`journal`) feeds it the same events rebuilt from the journal,
-so a replayed run is the run that was journaled.
+Pure module: no I/O, no clock reads, no awaits; imports only the standard library, `steps`,
+`values` (whose types it re-exports) and `compaction`. The shell (`runs`) feeds it events and
+carries out the decisions it returns; replay (`journal`) feeds it the same events rebuilt from
+the journal, so a replayed run is the run that was journaled.
 
 Theory of operation::
 
@@ -15,6 +15,8 @@ Theory of operation::
     any live phase ──TurnFailed──► FAILED      any live phase ──Cancel──► CANCELLED
 
     TOOLS ──ApprovalAsked──► AWAITING_APPROVAL ──ApprovalDecided──► TOOLS
+    RUNNING ──Compacted──► RUNNING (older rounds summarised or dropped before the turn: the
+                           context wall, `compaction`; journaled)
 
 A round is one assistant message with its tool calls plus every call's result. Complete rounds
 are journaled; so is a turn whose call waits for the user's approval (before the first question
@@ -35,16 +37,19 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from luftpause.runtime import compaction
 from luftpause.runtime.steps import (
     ApprovalAsked,
     ApprovalDecided,
     BudgetExceeded,
     CallTools,
     Cancel,
+    Compacted,
     Decision,
     Event,
     Phase,
     RecordApproval,
+    RecordCompacted,
     RecordExceeded,
     RecordFinished,
     RecordRound,
@@ -76,11 +81,13 @@ __all__ = [
     "BudgetExceeded",
     "CallTools",
     "Cancel",
+    "Compacted",
     "Decision",
     "Event",
     "Exceeded",
     "Phase",
     "RecordApproval",
+    "RecordCompacted",
     "RecordExceeded",
     "RecordFinished",
     "RecordRound",
@@ -165,6 +172,8 @@ def step(state: RunState, event: Event) -> tuple[RunState, tuple[Decision, ...]]
         return _approval_asked(state, event)
     if isinstance(event, ApprovalDecided):
         return _approval_decided(state, event)
+    if isinstance(event, Compacted):
+        return _compacted(state, event)
     return _tools_returned(state, event)
 
 
@@ -253,6 +262,18 @@ def _pending_call(state: RunState, call_id: str) -> ToolCall:
     if state.approval(call_id) is not None:
         raise ValueError(f"tool call {call_id} was already decided")
     return call
+
+
+def _compacted(state: RunState, event: Compacted) -> tuple[RunState, tuple[Decision, ...]]:
+    if state.phase is not Phase.RUNNING:
+        raise ValueError(f"a history was compacted while the run is {state.phase}")
+    head = len(start(state.spec).messages)
+    first = compaction.split(state.messages, head=head, rounds=state.rounds).first
+    messages = compaction.replaced(
+        state.messages, head=head, rounds=state.rounds, through=event.through, summary=event.summary
+    )
+    new = replace(state, messages=messages, usage=state.usage + event.usage)
+    return new, (RecordCompacted(compacted=event, first=first),)
 
 
 def _tools_returned(state: RunState, event: ToolsReturned) -> tuple[RunState, tuple[Decision, ...]]:

@@ -83,6 +83,22 @@ class BudgetExceeded:
     exceeded: Exceeded
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Compacted:
+    """Before a turn: the history's rounds up to `through` replaced by `summary` (None: dropped,
+    see `compaction`); `usage` is the summary call's. `window` and `estimate` (tokens) say why."""
+
+    through: int
+    summary: str | None
+    usage: Usage = field(default_factory=Usage)
+    window: int | None = None
+    estimate: int = 0
+
+    def __post_init__(self) -> None:
+        if self.through < 1 or self.estimate < 0 or (self.window is not None and self.window < 1):
+            raise ValueError("a compaction replaces round 1 on, with a window >= 1 if any")
+
+
 Event = (
     TurnCompleted
     | ToolsReturned
@@ -91,6 +107,7 @@ Event = (
     | ApprovalAsked
     | ApprovalDecided
     | BudgetExceeded
+    | Compacted
 )
 
 
@@ -154,6 +171,15 @@ class RecordExceeded:
     exceeded: Exceeded
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordCompacted:
+    """Journal a compaction of the history before the turn it makes room for; `first` is the
+    oldest round it replaced (with any summary before it)."""
+
+    compacted: Compacted
+    first: int
+
+
 Decision = (
     StartTurn
     | CallTools
@@ -162,4 +188,5 @@ Decision = (
     | RecordTurn
     | RecordApproval
     | RecordExceeded
+    | RecordCompacted
 )
