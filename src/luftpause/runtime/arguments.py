@@ -28,6 +28,7 @@ AWAIT_MAX = 600.0
 Timeout = Annotated[float, Field(ge=0, le=AWAIT_MAX, description="seconds to wait (max 600)")]
 Count = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(ge=0)]
+Usd = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +47,7 @@ class SpawnArgs:
     budgetTokens: Count | None = None
     budgetToolCalls: Count | None = None
     budgetSeconds: Seconds | None = None
+    budgetUsd: Usd | None = None
     approveTools: list[str] | None = None
 
 

@@ -3,14 +3,17 @@ is past.
 
 Pure module: no I/O, no clock reads (`now` is an argument); reads run states through any
 mapping whose values have a `.state` (`HasState`). A run's budget (spawn's budgetTokens,
-budgetToolCalls, budgetSeconds) counts its own work and that of every run spawned under it,
-later ones included:
+budgetToolCalls, budgetSeconds, budgetUsd) counts its own work and that of every run spawned
+under it, later ones included:
 
     tokens     prompt plus completion tokens of every turn (a turn whose tool calls are still
                running counts already)
     toolCalls  tool calls of every complete round
     seconds    wall-clock from the budgeted run's spawn until now, or until the last run of the
                subtree ended once all of them have
+    usd        what those tokens cost at each run's own price (`price`, frozen in its spec);
+               only when every run of the subtree has one (`money` refuses a run without one
+               under a USD budget)
 
 A limit is past when the use is greater than it. The shell checks after every turn and tool
 round anywhere below a budgeted run, on every spawn into its subtree, and by a timer at
@@ -23,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from luftpause.runtime import machine as m
+from luftpause.runtime.price import usd
 
 
 class HasState(Protocol):
@@ -38,6 +42,7 @@ def limits(spec: m.RunSpec) -> dict[str, float]:
         "tokens": spec.budget_tokens,
         "toolCalls": spec.budget_tool_calls,
         "seconds": spec.budget_seconds,
+        "usd": spec.budget_usd,
     }
     return {k: v for k, v in given.items() if v is not None}
 
@@ -90,17 +95,35 @@ def used(
     over_all = all(s.phase.over for s in states)
     end = max(s.ended_at or now for s in states) if over_all else now
     seconds = max(0.0, end - runs[handle].state.spec.spawned_at)
-    return {
+    out: dict[str, float] = {
         "tokens": tokens,
         "toolCalls": sum(s.tool_calls for s in states),
         "seconds": round(seconds, 3),
     }
+    costs = [cost(s) for s in states]
+    if all(c is not None for c in costs):  # a cost some runs lack is unknown, never 0
+        out["usd"] = usd(sum(c or 0.0 for c in costs))
+    return out
+
+
+def cost(state: m.RunState) -> float | None:
+    """USD of a run's turns (a turn whose tool calls are still running included); None when
+    it has no price."""
+    price = state.spec.price
+    if price is None:
+        return None
+    u, p = state.usage, state.pending_usage
+    return price.cost(
+        prompt=u.prompt_tokens + p.prompt_tokens,
+        cached=u.cached_prompt_tokens + p.cached_prompt_tokens,
+        completion=u.completion_tokens + p.completion_tokens,
+    )
 
 
 def over(limit: Mapping[str, float], use: Mapping[str, float]) -> m.Exceeded | None:
-    """The first limit (tokens, toolCalls, seconds) the use is past, if any."""
+    """The first limit (tokens, toolCalls, seconds, usd) the use is past, if any."""
     for which in m.BUDGET_KINDS:
-        if which in limit and use[which] > limit[which]:
+        if which in limit and which in use and use[which] > limit[which]:
             return m.Exceeded(which=which, used=use[which], limit=limit[which])
     return None
 

@@ -12,6 +12,7 @@ from typing import Any
 from luftpause.runtime import budget
 from luftpause.runtime import machine as m
 from luftpause.runtime.budget import HasState
+from luftpause.runtime.price import usd
 
 _KEYS = (
     "turns",
@@ -40,9 +41,9 @@ def own_work(state: m.RunState) -> dict[str, float]:
 
 
 def status(runs: Mapping[str, HasState], now: float = 0.0) -> dict[str, Any]:
-    """Roots first, children nested; every node has `own` and `subtree` totals; a budgeted run
-    its `budget` (seconds measured to `now`), a run waiting for the user its `pendingApproval`,
-    a run of a key of the keys file that key's name (`key`).
+    """Roots first, children nested; every node has `own` and `subtree` totals (USD too); a
+    budgeted run its `budget` (seconds measured to `now`), a run waiting for the user its
+    `pendingApproval`, a run of a key of the keys file that key's name (`key`).
     """
     children: dict[str | None, list[str]] = {}
     for handle, run in runs.items():
@@ -54,14 +55,18 @@ def status(runs: Mapping[str, HasState], now: float = 0.0) -> dict[str, Any]:
         kids = [node(h) for h in children.get(handle, [])]
         own = own_work(state)
         subtree = {k: own[k] + sum(kid["subtree"][k] for kid in kids) for k in _KEYS}
+        # USD at each run's price (`money`); None where no run of it has one, never 0.
+        cost = budget.cost(state)
+        costs = [c for c in (cost, *(kid["subtree"]["usd"] for kid in kids)) if c is not None]
         out = {
             "handle": handle,
             "state": state.phase.value,
             "task": state.spec.task[:200],
             "model": state.spec.model,
             "serviceClass": state.spec.service_class,
-            "own": own,
-            "subtree": {k: round(v, 3) for k, v in subtree.items()},
+            "own": own | {"usd": None if cost is None else usd(cost)},
+            "subtree": {k: round(v, 3) for k, v in subtree.items()}
+            | {"usd": usd(sum(costs)) if costs else None},
             "children": kids,
         }
         if state.spec.key is not None:

@@ -1,13 +1,16 @@
 """The values a run is made of: what spawn asked for, tool calls and results, usage, and a
 budget's excess.
 
-Pure module: no I/O; standard library only. Frozen, and each checks its input when built.
+Pure module: no I/O; standard library and `price` only. Frozen, and each checks its input when
+built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from luftpause.runtime.price import Price
 
 DEFAULT_MAX_TOOL_CALLS = 8
 DEFAULT_MAX_TOKENS = 256
@@ -39,6 +42,10 @@ class RunSpec:
     # The name of the keys file's key the run belongs to (the one that spawned it, or its
     # parent's): its turns go to the dataplane on behalf of that key. None without keys.
     key: str | None = None
+    # spawn's budgetUsd, and the price of the run's model when the runtime has one for it
+    # (`money`): frozen at spawn, so a replayed run costs what it cost.
+    budget_usd: float | None = None
+    price: Price | None = None
 
     def __post_init__(self) -> None:
         if not self.handle or not self.task or not self.model:
@@ -51,6 +58,7 @@ class RunSpec:
             ("budgetTokens", self.budget_tokens),
             ("budgetToolCalls", self.budget_tool_calls),
             ("budgetSeconds", self.budget_seconds),
+            ("budgetUsd", self.budget_usd),
         ):
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be at least 0")
@@ -78,6 +86,10 @@ class RunSpec:
             out["traceparent"] = self.traceparent
         if self.key is not None:  # optional in format 1 likewise
             out["key"] = self.key
+        if self.budget_usd is not None:  # optional in format 1 likewise
+            out["budgetUsd"] = self.budget_usd
+        if self.price is not None:  # optional in format 1 likewise
+            out["price"] = self.price.to_json()
         return out
 
     @classmethod
@@ -102,6 +114,8 @@ class RunSpec:
             spawned_at=float(data.get("spawnedAt", 0.0)),
             traceparent=_opt_str(data.get("traceparent")),
             key=_opt_str(data.get("key")),
+            budget_usd=_opt_float(data.get("budgetUsd")),
+            price=None if data.get("price") is None else Price.from_json(data["price"]),
         )
 
 
@@ -172,21 +186,35 @@ class Exceeded:
     which: str
     used: float
     limit: float
+    # Seconds only: the next turn's predicted seconds, when the run stopped before a turn it
+    # could not finish within the limit (`used` is then the time spent before it).
+    predicted: float | None = None
 
     def __post_init__(self) -> None:
         if self.which not in BUDGET_KINDS:
             raise ValueError(f"budget kind must be one of {BUDGET_KINDS}")
+        if self.predicted is not None and self.which != "seconds":
+            raise ValueError("only a seconds budget is tripped by a prediction")
 
     @property
     def reason(self) -> str:
-        return f"budget exceeded: {self.which} {_num(self.used)}/{_num(self.limit)}"
+        used, limit = _num(self.used, self.which), _num(self.limit, self.which)
+        if self.predicted is not None:
+            turn = _num(self.predicted, self.which)
+            return f"budget exceeded: {self.which} (predicted) {used}+{turn}/{limit}"
+        return f"budget exceeded: {self.which} {used}/{limit}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"which": self.which, "used": self.used, "limit": self.limit}
+        out: dict[str, Any] = {"which": self.which, "used": self.used, "limit": self.limit}
+        if self.predicted is not None:  # optional in format 1: records without it read as None
+            out["predicted"] = self.predicted
+        return out
 
 
-BUDGET_KINDS = ("tokens", "toolCalls", "seconds")
+BUDGET_KINDS = ("tokens", "toolCalls", "seconds", "usd")
 
 
-def _num(x: float) -> str:
+def _num(x: float, which: str = "") -> str:
+    if which == "usd":
+        return f"{x:.6g}"
     return str(int(x)) if float(x).is_integer() else f"{x:.1f}"
