@@ -115,8 +115,7 @@ def luftpause_endpoints(
     the replies' headers), or with the limits stated per window when `stated`."""
     if not stated:
         return [
-            Endpoint(id=e.id, url=e.url, models=e.models, options={"limits": {}})
-            for e in endpoints
+            Endpoint(id=e.id, url=e.url, models=e.models, options={"limits": {}}) for e in endpoints
         ]
     return [
         Endpoint(

@@ -183,6 +183,9 @@ def plan(args: argparse.Namespace, where: Front) -> list[list[Child]]:
                         "--state-dir",
                         args.state_dir,
                         *(a for origin in page_origins for a in ("--cors-origin", origin)),
+                        # Forecasts read the rate-limit budgets of the scheduler's /status.
+                        "--scheduler-url",
+                        f"http://127.0.0.1:{args.http_port}",
                     ),
                     ready_url=f"{runtime_url}/ready",
                 )

@@ -154,3 +154,4 @@ def test_up_points_the_status_page_at_its_runtime_and_the_runtime_lets_it_read(
     assert scheduler[scheduler.index("--runtime-url") + 1] == "http://127.0.0.1:7101"
     origins = [runtime[i + 1] for i, a in enumerate(runtime) if a == "--cors-origin"]
     assert origins == ["http://127.0.0.1:5101", "http://localhost:5101"]
+    assert runtime[runtime.index("--scheduler-url") + 1] == "http://127.0.0.1:5101"

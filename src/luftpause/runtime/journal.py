@@ -1,8 +1,8 @@
 """The run journal's format, its incremental parser and replay.
 
-Pure module: no I/O (the file is `store`'s); imports `machine` only. `runs.jsonl` holds one
-JSON object per line, each ending in a newline; every record carries the format version
-`"v": 1`, its `type` and the run's handle `run`:
+Pure module: no I/O (the file is `store`'s); imports `machine`, `forks` and `compaction` only.
+`runs.jsonl` holds one JSON object per line, each ending in a newline; every record carries the
+format version `"v": 1`, its `type` and the run's handle `run`:
 
     {"v":1,"type":"spawned","run":H,"spec":{...spawn's arguments, caller...}}
     {"v":1,"type":"round","run":H,"round":N,"assistant":{...},"results":[...],"usage":{...}}
@@ -10,16 +10,34 @@ JSON object per line, each ending in a newline; every record carries the format 
      "error":...,"usage":{...},"at":T}
     {"v":1,"type":"turn","run":H,"round":N,"assistant":{...},"usage":{...},"asking":CALL}
     {"v":1,"type":"approval","run":H,"call":CALL,"tool":NAME,"allow":true|false}
-    {"v":1,"type":"exceeded","run":H,"which":"tokens|toolCalls|seconds","used":U,"limit":L}
+    {"v":1,"type":"exceeded","run":H,"which":"tokens|toolCalls|seconds|usd","used":U,"limit":L}
+    {"v":1,"type":"forked","run":H,"from":SOURCE,"round":N,"spec":{...},"history":{...},...}
+    {"v":1,"type":"batch","run":H,"records":[...records that count together: one line...]}
+
+`forked` begins a fork with its source's past (so it replays alone) and `batch` holds the
+records of a fork of n runs or of an import (`bundle`) in one line; both are `forks`'.
 
 A spawned record's spec carries `"traceparent"` (the W3C trace context of the run's
 `invoke_agent` span) when the runtime traces; the field is optional in format 1 (a spec without
 it reads as untraced), so a resumed run's new span can link to the trace it began in. It carries
 `"key"`, the name (never the secret) of the keys file's key the run belongs to, when the runtime
-has a keys file; optional likewise (a spec without it belongs to no key).
+has a keys file; optional likewise (a spec without it belongs to no key). It carries
+`"budgetUsd"` and `"price"` (`{"input","cachedInput","output"}`, USD per million tokens of the
+run's model, `money`) when given; optional likewise (a spec without a price costs nothing known).
+An `exceeded` record carries `"predicted"` (the next turn's predicted seconds) when a seconds
+budget stopped a run before a turn it could not finish; optional likewise.
 
 A `turn` record is written only for a turn with a call that waits for the user's approval,
 before the first question of its round; the round record that completes it follows later.
+
+    {"v":1,"type":"compacted","run":H,"rounds":[FIRST,THROUGH],"summary":TEXT|null,
+     "window":W|null,"estimate":T,"usage":{...}}
+
+A `compacted` record (the context wall, `compaction`) is written before the turn it made room
+for: rounds FIRST to THROUGH (and the summary before them, if any) were replaced by the summary,
+or dropped (`summary` null: truncation); `usage` is the summary call's, `window` and `estimate`
+the tokens that called for it. Replay replaces the same rounds, so the summary is never made
+twice. A runtime without compaction ignores the record (and replays the longer history).
 
 A record counts once its newline is on disk: a line without one is a write torn by a crash
 and is dropped, never the records before it. Replay folds the records through the state
@@ -33,6 +51,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from luftpause.runtime import compaction, forks
 from luftpause.runtime import machine as m
 
 VERSION = 1
@@ -134,6 +153,20 @@ def exceeded_record(handle: str, d: m.RecordExceeded) -> dict[str, Any]:
     return {"v": VERSION, "type": "exceeded", "run": handle, **d.exceeded.to_json()}
 
 
+def compacted_record(handle: str, d: m.RecordCompacted) -> dict[str, Any]:
+    c = d.compacted
+    return {
+        "v": VERSION,
+        "type": "compacted",
+        "run": handle,
+        "rounds": [d.first, c.through],
+        "summary": c.summary,
+        "window": c.window,
+        "estimate": c.estimate,
+        "usage": _usage_json(c.usage),
+    }
+
+
 def record_of(handle: str, d: m.Decision) -> dict[str, Any] | None:
     """The journal record a decision asks for, None for decisions that are not recorded."""
     if isinstance(d, m.RecordRound):
@@ -146,6 +179,8 @@ def record_of(handle: str, d: m.Decision) -> dict[str, Any] | None:
         return approval_record(handle, d)
     if isinstance(d, m.RecordExceeded):
         return exceeded_record(handle, d)
+    if isinstance(d, m.RecordCompacted):
+        return compacted_record(handle, d)
     return None
 
 
@@ -242,13 +277,39 @@ def apply(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
         decided = m.ApprovalDecided(call_id=call, allow=bool(record["allow"]))
         return m.step(state, decided)[0]
     if kind == "exceeded":
+        predicted = record.get("predicted")
         exceeded = m.Exceeded(
-            which=str(record["which"]), used=float(record["used"]), limit=float(record["limit"])
+            which=str(record["which"]),
+            used=float(record["used"]),
+            limit=float(record["limit"]),
+            predicted=None if predicted is None else float(predicted),
         )
         return m.step(state, m.BudgetExceeded(exceeded=exceeded))[0]
     if kind == "finished":
         return _apply_finished(state, record)
+    if kind == "compacted":
+        return _apply_compacted(state, record)
     return None
+
+
+def _apply_compacted(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    first, through = (int(n) for n in record["rounds"])
+    head = len(m.start(state.spec).messages)
+    verbatim = compaction.split(state.messages, head=head, rounds=state.rounds)
+    if state.phase is not m.Phase.RUNNING or first != verbatim.first:
+        return None
+    if not verbatim.first <= through <= verbatim.last:
+        return None
+    summary = record.get("summary")
+    window = record.get("window")
+    event = m.Compacted(
+        through=through,
+        summary=None if summary is None else str(summary),
+        usage=_usage(record.get("usage")),
+        window=None if window is None else int(window),
+        estimate=int(record.get("estimate") or 0),
+    )
+    return m.step(state, event)[0]
 
 
 def _turn(record: dict[str, Any]) -> m.TurnCompleted:
@@ -307,14 +368,14 @@ def replay(records: Iterable[dict[str, Any]]) -> Replayed:
     """The runs a journal describes: a pure fold of its records through the state machine."""
     runs: dict[str, m.RunState] = {}
     ignored = 0
-    for record in records:
+    for record in forks.expand(records):
         try:
             handle = str(record["run"])
-            if record["type"] == "spawned":
+            if record["type"] in forks.STARTS:
                 if handle in runs:
                     ignored += 1
                 else:
-                    runs[handle] = m.start(m.RunSpec.from_json(record["spec"]))
+                    runs[handle] = forks.begin(record)
                 continue
             state = runs.get(handle)
             new = None if state is None else apply(state, record)

@@ -3,12 +3,13 @@ the MCP server (with the Tasks extension) under uvicorn.
 
 Shell module. Serves on one port:
 
-    POST/GET/DELETE /mcp   MCP Streamable HTTP (spawn, await, run, status, cancel, approve,
-                           decide, tools)
+    POST/GET/DELETE /mcp   MCP Streamable HTTP (spawn, await, run, status, forecast, cancel,
+                           approve, decide, tools)
     GET /status            the run tree with each run's own work and subtree totals
     GET /health            liveness: 200 while the process serves
     GET /ready             readiness: 200 while the dataplane answers its own /ready
     GET /metrics           Prometheus metrics (`metrics`); open like /health
+    GET/POST /away         the away switches of the attention budget (`questions`)
 
 `/status` answers CORS for the origins of `--cors-origin` (`cors`), so the scheduler's status
 page can show the run tree.
@@ -37,12 +38,15 @@ from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV, Identity, token_fr
 from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.runtime import spans
+from luftpause.runtime import outlook, questions, spans, wall
 from luftpause.runtime.arguments import spawn_args
+from luftpause.runtime.attention import DEFAULT_PER_HOUR
 from luftpause.runtime.auth import BearerAuth
+from luftpause.runtime.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
 from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.metrics import RuntimeMetrics
+from luftpause.runtime.money import PricesError, PriceTable, load_prices
 from luftpause.runtime.readiness import DataplaneReadiness
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, spawn_owned, spec_from
@@ -67,10 +71,21 @@ class RuntimeConfig:
     decide_model: str | None = None
     cors_origins: tuple[str, ...] = DEFAULT_ORIGINS
     keys_file: Path | None = None
+    approvals_per_hour: int = DEFAULT_PER_HOUR
+    # (model or None for every model, tokens), as `--context-window` gives them.
+    context_windows: tuple[tuple[str | None, int], ...] = ()
+    keep_rounds: int = DEFAULT_KEEP_ROUNDS
+    summary_tokens: int = DEFAULT_SUMMARY_TOKENS
+    prices_file: Path | None = None
+    scheduler_url: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.approvals_per_hour < 0 or self.keep_rounds < 0 or self.summary_tokens < 1:
+            raise ValueError("approvals per hour and keep rounds must be >= 0, summary tokens >= 1")
+        if self.scheduler_url is not None:
+            outlook.check_url(self.scheduler_url)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
         f"LUFTPAUSE_TOKEN), and a run's turns count against the key that spawned it, sent with "
         f"{RUNTIME_KEY_ENV} (a key with acts_for) as bearer; reloaded when it changes",
     )
+    questions.add_arguments(p)
+    wall.add_arguments(p)
+    outlook.add_arguments(p)
     return p
 
 
@@ -129,6 +147,12 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             decide_model=ns.decide_model,
             cors_origins=tuple(ns.cors_origin or DEFAULT_ORIGINS),
             keys_file=Path(ns.keys_file) if ns.keys_file else None,
+            approvals_per_hour=ns.approvals_per_hour,
+            context_windows=tuple(ns.context_window),
+            keep_rounds=ns.keep_rounds,
+            summary_tokens=ns.summary_tokens,
+            prices_file=Path(ns.prices) if ns.prices else None,
+            scheduler_url=ns.scheduler_url,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -147,6 +171,7 @@ async def serve(
     stop: asyncio.Event,
     log: structlog.stdlib.BoundLogger,
     keys: KeysFile | None = None,
+    prices: PriceTable | None = None,
 ) -> None:
     """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
     # Bind first, so a taken port is an OSError (one clear line from run_async) before anything
@@ -163,8 +188,24 @@ async def serve(
     llm = Llm(config.dataplane, token=bearer.decode() if bearer else None)
     metrics = RuntimeMetrics()
     observe = metrics.journal_append.observe
+    windows = wall.Windows(llm, config.context_windows)
+    sight = outlook.Outlook(
+        prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
+    )
     runtime = Runtime(
-        JournalFile(config.state_dir, observe=observe), llm, upstreams, metrics=metrics
+        JournalFile(config.state_dir, observe=observe),
+        llm,
+        upstreams,
+        metrics=metrics,
+        outlook=sight,
+        questions=questions.Questions(config.approvals_per_hour, on_asked=metrics.asked),
+        wall=wall.ContextWall(
+            llm,
+            windows,
+            keep_rounds=config.keep_rounds,
+            summary_tokens=config.summary_tokens,
+            on_compacted=metrics.compacted,
+        ),
     )
     resumed = runtime.resume()
 
@@ -206,6 +247,7 @@ async def serve(
         server.should_exit = True
         # In-flight await calls are cut by the shutdown; runs are left to resume from the journal.
         await runtime.stop()
+        await sight.close()
         tasks.close()
         with contextlib.suppress(Exception):
             await serving
@@ -223,6 +265,11 @@ def main(argv: list[str]) -> int:
     except KeysError as exc:
         print(f"luftpause runtime: {exc}", file=sys.stderr)
         return 2
+    try:
+        prices = load_prices(config.prices_file) if config.prices_file else None
+    except PricesError as exc:
+        print(f"luftpause runtime: --prices: {exc}", file=sys.stderr)
+        return 2
     tracing.setup("runtime")
     log = setup_logging("runtime")
-    return run_async(lambda stop: serve(config, stop, log, keys), name="runtime")
+    return run_async(lambda stop: serve(config, stop, log, keys, prices), name="runtime")

@@ -2,9 +2,9 @@
 runtime's port, open like /health).
 
 Shell module. Counters and the journal histogram are updated where things happen (`runs` for
-spawns, ends, tool calls and budget trips; `store` for journal appends); the gauges that
-describe the runs (by state and class, approvals waiting) are read from the run table at scrape
-time by a collector, so the run loop pays nothing for them:
+spawns, ends, tool calls and budget trips; `store` for journal appends; `outlook` for spend);
+the gauges that describe the runs (by state and class, approvals waiting) are read from the run
+table at scrape time by a collector, so the run loop pays nothing for them:
 
     luftpause_runtime_runs{state,service_class}                   gauge
     luftpause_runtime_approvals_waiting                           gauge
@@ -13,6 +13,9 @@ time by a collector, so the run loop pays nothing for them:
     luftpause_runtime_tool_calls_total{tool}                      counter
     luftpause_runtime_tool_call_failures_total{tool}              counter
     luftpause_runtime_budget_trips_total{kind}                    counter
+    luftpause_runtime_spend_usd_total{model}                      counter
+    luftpause_runtime_approval_questions_total                    counter
+    luftpause_runtime_compactions_total{outcome}                  counter
     luftpause_runtime_journal_append_seconds                      histogram
 
 A tool label is the name of a tool the run was offered; a call to any other name (the model
@@ -110,6 +113,23 @@ class RuntimeMetrics:
             registry=self.registry,
         )
         self._trips = {k: trips.labels(k) for k in m.BUDGET_KINDS}
+        self._spend = Counter(
+            "luftpause_runtime_spend_usd",
+            "USD spent on turns of runs whose model has a price (--prices), by model.",
+            ["model"],
+            registry=self.registry,
+        )
+        self._asked = Counter(
+            "luftpause_runtime_approval_questions",
+            "Approval questions put to a person (each counted once; held ones when asked).",
+            registry=self.registry,
+        )
+        self._compactions = Counter(
+            "luftpause_runtime_compactions",
+            "Run histories compacted before a turn that would not fit the context window.",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.journal_append = Histogram(
             "luftpause_runtime_journal_append_seconds",
             "Time to append one record to runs.jsonl or tasks.jsonl and fsync it, the wait "
@@ -136,6 +156,17 @@ class RuntimeMetrics:
 
     def budget_tripped(self, kind: str) -> None:
         self._trips[kind].inc()
+
+    def spent(self, model: str, usd: float) -> None:
+        self._spend.labels(model).inc(usd)
+
+    def asked(self) -> None:
+        """An approval question was put to a person (`questions`)."""
+        self._asked.inc()
+
+    def compacted(self, outcome: str) -> None:
+        """A run's history was compacted (`wall`): `summarised` or `truncated`."""
+        self._compactions.labels(outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -10,7 +10,9 @@ and is journaled as the run's end.
 Budgets (`budget`) are checked after every turn and tool round, on spawn, and by one timer per
 seconds budget; a budget past its limit is journaled, then its subtree cancelled with the reason.
 A tool call that needs approval waits on a future that `approve` (or an await's elicitation,
-see `server`) resolves; the answer is journaled before the call runs or is declined.
+see `server`) resolves; the answer is journaled before the call runs or is declined. Whom to
+ask when is `questions`' (the attention budget); a turn that would not fit the model's context
+window is preceded by a compaction of the run's history (`wall`), journaled like a round.
 Spawns, ends, tool calls and budget trips are counted in `metrics` where they happen.
 With tracing on, a run's task runs inside its `invoke_agent` span and each tool call inside an
 `execute_tool` span (`spans`); the run's span context is journaled with its spec.
@@ -33,11 +35,14 @@ from opentelemetry.trace import Span
 from luftpause.common import tracing
 from luftpause.runtime import budget, hygiene, journal, spans
 from luftpause.runtime import machine as m
-from luftpause.runtime.errors import RequestError, TurnError
+from luftpause.runtime.errors import RequestError
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
+from luftpause.runtime.outlook import Outlook
+from luftpause.runtime.questions import Questions
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.upstream import Upstreams, UpstreamTool
+from luftpause.runtime.wall import ContextWall
 
 DECLINED = "Error: the user declined this tool call"
 _TIMER_SLACK = 0.05  # past the deadline, so the subtree's seconds are over the limit, not at it
@@ -52,6 +57,7 @@ class Approval:
     call: m.ToolCall
     answer: asyncio.Future[bool]
     journaled: asyncio.Event = field(default_factory=asyncio.Event)
+    since: float = 0.0  # when the run began to wait (wall clock): questions go oldest first
 
 
 @dataclass(eq=False)
@@ -78,14 +84,22 @@ class Runtime:
         *,
         clock: Callable[[], float] = time.time,
         metrics: RuntimeMetrics | None = None,
+        questions: Questions | None = None,
+        wall: ContextWall | None = None,
+        outlook: Outlook | None = None,
     ) -> None:
         self.journal = journal_file
         self.llm = llm
+        self.questions = Questions(clock=clock) if questions is None else questions
+        self.wall = ContextWall(llm) if wall is None else wall
         self.upstreams = upstreams
         self.clock = clock
         self.runs: dict[str, Run] = {}
         self.metrics = RuntimeMetrics() if metrics is None else metrics
         self.metrics.bind(self.runs)
+        # Prices, forecasts, the seconds budget's look ahead: learned from every journal record.
+        self.outlook = Outlook() if outlook is None else outlook
+        self.journal = self.outlook.observed(journal_file, self.metrics.spent)
         self._timers: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._approval_waiters: set[asyncio.Event] = set()
@@ -100,20 +114,46 @@ class Runtime:
         for handle, state in replayed.runs.items():
             run = Run(state=state)
             self.runs[handle] = run
-            self._start_timer(run)
-            if state.phase.over:
-                run.done.set()
-            else:
-                if tracing.enabled():
-                    run.span = spans.resume_run(state.spec)
-                self._start(run)
-                resumed += 1
+            resumed += self._enter(run)
         for handle, run in self.runs.items():
             if run.state.exceeded is not None:
                 # Tripped just before a crash: finish cancelling what still lives under it.
                 self._background_task(self.cancel(handle, run.state.exceeded.reason))
         log.info("runtime.replayed", runs=len(replayed.runs), resumed=resumed)
         return resumed
+
+    def _enter(self, run: Run) -> bool:
+        """A replayed run: over, it answers; else its task starts (True)."""
+        self._start_timer(run)
+        if run.state.phase.over:
+            run.done.set()
+            return False
+        if tracing.enabled():
+            run.span = spans.resume_run(run.state.spec)
+        self._start(run)
+        return True
+
+    async def adopt(self, record: dict[str, Any]) -> list[str]:
+        """Journal a record that begins runs (a fork's or an import's batch, `forks`), then run
+        them as `resume` does; their handles. `RequestError` if one exists already."""
+        replayed = journal.replay([record])
+        taken = sorted(h for h in replayed.runs if h in self.runs)
+        if taken or not replayed.runs:
+            raise RequestError(f"runs exist already: {', '.join(taken)}" if taken else "no runs")
+        entered = {h: Run(state=s) for h, s in replayed.runs.items()}
+        self.runs.update(entered)  # before the write: a concurrent adopt of them is refused
+        try:
+            await self.journal.append(record)
+        except BaseException:
+            for h in entered:
+                self.runs.pop(h, None)
+            raise
+        for run in entered.values():
+            if self._enter(run):
+                self.metrics.spawned(run.state.spec.service_class)
+        for h in entered:
+            await self._check_budget(h)
+        return list(entered)
 
     async def stop(self) -> None:
         """Cancel every task without journaling: the runs resume on the next start."""
@@ -138,7 +178,7 @@ class Runtime:
             blocked = budget.blocking(self.runs, spec.parent)
             if blocked is not None:
                 raise RequestError(f"parent's {blocked.reason}")
-        spec = replace(spec, spawned_at=self.clock())
+        spec = self.outlook.priced(replace(spec, spawned_at=self.clock()), self.runs)
         span = self._run_span(spec, caller_trace) if tracing.enabled() else None
         if span is not None:
             spec = replace(spec, traceparent=tracing.traceparent_of(span) or None)
@@ -183,6 +223,7 @@ class Runtime:
         view = budget.view(self.runs, handle, self.clock())
         if view is not None:
             out["budget"] = view
+        out["spend"] = self.outlook.spend(self.runs, handle, self.clock())
         return out
 
     async def cancel(self, handle: str, reason: str = "cancelled") -> list[str]:
@@ -226,11 +267,12 @@ class Runtime:
         """Unanswered approvals of the runs and everything below them."""
         kids = budget.children(self.runs)
         covered = {h for top in handles if top in self.runs for h in budget.subtree(top, kids)}
-        return [
+        pending = [
             (h, a)
             for h in covered
             if (a := self.runs[h].approval) is not None and not a.answer.done()
         ]
+        return sorted(pending, key=lambda p: (p[1].since, p[0]))  # oldest first
 
     @contextmanager
     def approval_watch(self) -> Iterator[asyncio.Event]:
@@ -290,11 +332,9 @@ class Runtime:
             while (decision := m.next_decision(run.state)) is not None:
                 event: m.Event
                 if isinstance(decision, m.StartTurn):
-                    try:
-                        turn = await self._turn(run.state.spec, decision)
-                        event = replace(turn, at=self.clock())
-                    except TurnError as exc:
-                        event = m.TurnFailed(error=str(exc), at=self.clock())
+                    if await self._stopped_before_turn(run):
+                        return
+                    event = await self._turn(run.state, decision)
                 else:
                     results = await self._call_tools(run, decision.calls)
                     event = m.ToolsReturned(results=results)
@@ -323,6 +363,7 @@ class Runtime:
                 self.metrics.finished(run.state.spec.service_class, d.phase)
                 log.info("run.over", run=handle, state=d.phase.value, error=d.error)
                 await self.llm.forget_run(handle)
+                self.wall.forget(handle)
 
     # --- budgets ---
 
@@ -343,10 +384,27 @@ class Runtime:
         """Trip every budget at or above `handle` that is past a limit."""
         for h, exceeded in budget.check(self.runs, handle, self.clock()):
             await self._apply(self.runs[h], m.BudgetExceeded(exceeded=exceeded))
-            self.metrics.budget_tripped(exceeded.which)
-            log.info("run.budget_exceeded", run=h, reason=exceeded.reason)
-            # In the background: the run calling this may be in the subtree it cancels.
-            self._background_task(self.cancel(h, exceeded.reason))
+            self._tripped(h, exceeded)
+
+    async def _stopped_before_turn(self, run: Run) -> bool:
+        """Stop a run before a turn its seconds budget would not see finish (`foresee`): the
+        budget trips as any other, this run ending first, then the rest of its subtree."""
+        found = self.outlook.overrun(self.runs, run.state.spec.handle, self.clock())
+        if found is None:
+            return False
+        h, exceeded = found
+        await self._apply(self.runs[h], m.BudgetExceeded(exceeded=exceeded))
+        self._tripped(h, exceeded)
+        # Ends before the subtree's cancel runs (the state steps before the first await), so
+        # that cancel passes this run by.
+        await self._apply(run, m.Cancel(reason=exceeded.reason, at=self.clock()))
+        return True
+
+    def _tripped(self, h: str, exceeded: m.Exceeded) -> None:
+        self.metrics.budget_tripped(exceeded.which)
+        log.info("run.budget_exceeded", run=h, reason=exceeded.reason)
+        # In the background: the run calling this may be in the subtree it cancels.
+        self._background_task(self.cancel(h, exceeded.reason))
 
     # --- turns and tools ---
 
@@ -356,12 +414,13 @@ class Runtime:
             return catalogue
         return {k: v for k, v in catalogue.items() if k in spec.tools}
 
-    async def _turn(self, spec: m.RunSpec, decision: m.StartTurn) -> m.TurnCompleted:
+    async def _turn(self, state: m.RunState, decision: m.StartTurn) -> m.Event:
+        """The run's next turn; or first the compaction its history needs to fit (`wall`)."""
         # The tools stay in every turn's request, also once the run's calls are spent (then
         # with tool_choice none): the engine renders them at the prompt's start, so dropping
         # them would make the last turn re-read the whole conversation instead of its cache.
-        tools = [t.openai() for t in (await self._offered(spec)).values()]
-        return await self.llm.turn(spec, decision.messages, tools, calls=decision.offer_tools)
+        tools = [t.openai() for t in (await self._offered(state.spec)).values()]
+        return await self.wall.turn(state, decision, tools, self.clock)
 
     async def _call_tools(
         self, run: Run, calls: tuple[m.ToolCall, ...]
@@ -390,7 +449,9 @@ class Runtime:
         The approval is open before the run shows AwaitingApproval: a client that sees that
         state while the journal write is still under way can answer at once.
         """
-        pending = Approval(call=call, answer=asyncio.get_running_loop().create_future())
+        pending = Approval(
+            call=call, answer=asyncio.get_running_loop().create_future(), since=self.clock()
+        )
         run.approval = pending
         try:
             await self._apply(run, m.ApprovalAsked(call_id=call.id))

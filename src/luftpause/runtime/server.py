@@ -1,6 +1,6 @@
-"""The MCP face of the runtime: tools spawn, await, run, status, cancel, approve, decide,
-tools; GET /status, GET /health (liveness), GET /ready (readiness: its dataplane is ready) and
-GET /metrics (Prometheus, see `metrics`).
+"""The MCP face of the runtime: tools spawn, await, run, status, forecast, cancel, approve,
+decide, tools; GET /status, GET /health (liveness), GET /ready (readiness: its dataplane is
+ready) and GET /metrics (Prometheus, see `metrics`).
 
 Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus JSON status,
 health and readiness routes. Every tool answers with structured JSON; the work is
@@ -8,6 +8,8 @@ health and readiness routes. Every tool answers with structured JSON; the work i
 method of `RuntimeTools` (its docstring is the tool's description); spawn and run take their
 shared parameters as one record (`arguments.SpawnArgs`, `RunArgs`), flat on the wire. A run
 belongs to the key its spawn request came with (`auth`, `owners`), when there is a keys file.
+Fork, export and import (tools and their /runs routes) are `migrate_tools`'; the `away` tool
+and its /away route are `questions`'.
 """
 
 from __future__ import annotations
@@ -34,7 +36,10 @@ from luftpause.runtime.arguments import AWAIT_DEFAULT, RunArgs, SpawnArgs, Timeo
 from luftpause.runtime.ask import covering_wait
 from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError, TurnError
+from luftpause.runtime.migrate import Migrations
+from luftpause.runtime.migrate_tools import add_migrations
 from luftpause.runtime.owners import owned
+from luftpause.runtime.questions import add_attention
 from luftpause.runtime.readiness import Verdict
 from luftpause.runtime.runs import Runtime, new_handle
 
@@ -64,6 +69,8 @@ def build_server(
     tools = RuntimeTools(runtime, default_model=default_model, decide_model=decide_model, keys=keys)
     add_tools(server, tools)
     add_routes(server, Routes(runtime, readiness))
+    add_migrations(server, Migrations(runtime, keys), caller_of, identity_in)
+    add_attention(server, runtime.questions, caller_of)
     return server
 
 
@@ -73,6 +80,7 @@ def add_tools(server: MCPServer, tools: RuntimeTools) -> None:
     server.add_tool(tools.await_, name="await", structured_output=True)
     server.add_tool(flat_tool(RunArgs, tools.run), name="run", structured_output=True)
     server.add_tool(tools.status, name="status", annotations=_READ_ONLY, structured_output=True)
+    server.add_tool(tools.forecast, name="forecast", annotations=_READ_ONLY, structured_output=True)
     server.add_tool(tools.cancel, name="cancel", structured_output=True)
     server.add_tool(tools.approve, name="approve", structured_output=True)
     server.add_tool(tools.decide, name="decide", annotations=_READ_ONLY, structured_output=True)
@@ -105,7 +113,7 @@ class RuntimeTools:
     async def spawn(self, args: SpawnArgs, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Start a sub-agent on `task`; returns its handle at once (collect it with await).
 
-        Budgets cap the run and every run spawned under it (tokens, tool calls, seconds);
+        Budgets cap the run and every run spawned under it (tokens, tool calls, seconds, USD);
         approveTools names tools whose calls wait for the user's approval.
         """
         return {"handle": await self._spawned(args, ctx)}
@@ -118,7 +126,7 @@ class RuntimeTools:
         timeout: Timeout = AWAIT_DEFAULT,
     ) -> dict[str, Any] | InputRequiredResult:
         """Wait for all (or any) of the runs to end, at most `timeout` s; then each run's state."""
-        out = await covering_wait(self.runtime, handles, mode, timeout, ctx)
+        out = await covering_wait(self.runtime, handles, mode, timeout, ctx, session=caller_of(ctx))
         return out if isinstance(out, InputRequiredResult) else {"runs": out}
 
     async def run(
@@ -130,14 +138,43 @@ class RuntimeTools:
         if handle is None:
             handle = await self._spawned(args, ctx)
         out = await covering_wait(
-            self.runtime, [handle], "all", args.timeout, ctx, request_state=handle
+            self.runtime,
+            [handle],
+            "all",
+            args.timeout,
+            ctx,
+            request_state=handle,
+            session=caller_of(ctx),
         )
         return out if isinstance(out, InputRequiredResult) else out[0]
 
-    async def status(self, handles: list[str] | None = None) -> dict[str, Any]:
-        """The state of the given runs (all runs when none are given), without waiting."""
+    async def status(
+        self, ctx: Context[Any, Any], handles: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The state of the given runs (all runs when none are given), without waiting; the
+        approval questions waiting in them (oldest first) and this session's attention budget.
+        """
         chosen = list(self.runtime.runs) if handles is None else handles
-        return {"runs": [self.runtime.summary(h) for h in chosen]}
+        waiting = self.runtime.pending_approvals(chosen)
+        runs = [self.runtime.summary(h) for h in chosen]
+        # A live run's forecast, as the forecast tool gives it.
+        await self.runtime.outlook.add_forecasts(self.runtime.runs, runs, self.runtime.clock())
+        return {
+            "runs": runs,
+            **self.runtime.questions.status(waiting, caller_of(ctx)),
+        }
+
+    async def forecast(
+        self, handle: str, steps: Annotated[int, Field(ge=1)] | None = None
+    ) -> dict[str, Any]:
+        """Project the rest of a run (its tool calls left, or `steps` more rounds) from its own
+        turns and its model's over all runs, without a model call: tokens, USD, seconds and
+        rate-limit waits, and which limit (context window, or a budget) it meets first, at
+        which step.
+        """
+        rt = self.runtime
+        with _told_to_client():
+            return await rt.outlook.forecast(rt.runs, handle, steps, rt.clock())
 
     async def cancel(self, handle: str) -> dict[str, Any]:
         """Cancel a run and its running descendants."""
@@ -210,8 +247,12 @@ class Routes:
         self.readiness = readiness
 
     async def status_route(self, request: Request) -> Response:
-        """The run tree with each run's own work and subtree totals (`tree`)."""
-        return JSONResponse(tree.status(self.runtime.runs, self.runtime.clock()))
+        """The run tree with each run's own work and subtree totals (`tree`); the approval
+        questions waiting (oldest first) and the away switches (`questions`)."""
+        rt = self.runtime
+        waiting = rt.questions.waiting(rt.pending_approvals(list(rt.runs)))
+        status = tree.status(rt.runs, rt.clock())
+        return JSONResponse(status | {"questions": waiting, "away": rt.questions.switches()})
 
     async def metrics_route(self, request: Request) -> Response:
         """Prometheus metrics; open like /health."""
@@ -284,6 +325,7 @@ def spec_from(args: SpawnArgs, caller: str, default_model: str) -> m.RunSpec:
             budget_tokens=args.budgetTokens,
             budget_tool_calls=args.budgetToolCalls,
             budget_seconds=args.budgetSeconds,
+            budget_usd=args.budgetUsd,
             approve_tools=tuple(args.approveTools or ()),
         )
     except ValueError as exc:
