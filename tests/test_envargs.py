@@ -46,6 +46,9 @@ def sample(action: argparse.Action) -> tuple[str, Any]:
     if isinstance(action, argparse._StoreConstAction):
         return "yes", action.const
     if isinstance(action, argparse._AppendAction):
+        if action.type is not None:  # numbers, or what the type reads from numbers
+            convert = action.type
+            return "7,8", [*(action.default or []), convert("7"), convert("8")]  # type: ignore[operator]
         return "a,b", [*(action.default or []), "a", "b"]
     if action.choices is not None:
         choice = next(c for c in action.choices if c != action.default)

@@ -255,14 +255,17 @@ def test_a_reply_teaches_the_prediction_per_model_and_caller() -> None:
     assert replies.n == 4 and replies.predict(1.0) == pytest.approx(10.0)
 
 
-def test_readings_out_of_order_keep_the_lowest_count_and_the_earliest_reset() -> None:
+def test_readings_out_of_order_keep_the_lowest_count_and_the_safe_reset() -> None:
     """Two requests sent at once: the provider admitted B before A, but A's reply came first.
-    B's higher count does not undo A's, and the earlier of their reset times stands."""
-    window = w.Window(id="api")
-    window = w.observe(window, tokens_left(200, 10.3), 1.3, refused=False)  # A, slow reply
-    window = w.observe(window, tokens_left(300, 10.0), 1.4, refused=False)  # B
-    level = window.levels["tokens"]
-    assert level.base == 200 and level.full_at == pytest.approx(11.4)
+    B's higher count does not undo A's. Of their reset times the later stands while the regime
+    is unknown (a bucket's full time moves later with every charge), the earlier once the
+    window is known to be fixed (each reading's is late by its latency)."""
+    for regime, full_at in ((w.Regime.UNKNOWN, 11.6), (w.Regime.FIXED, 11.4)):
+        window = w.Window(id="api", regime=regime)
+        window = w.observe(window, tokens_left(200, 10.3), 1.3, refused=False)  # A, slow reply
+        window = w.observe(window, tokens_left(300, 10.0), 1.4, refused=False)  # B
+        level = window.levels["tokens"]
+        assert level.base == 200 and level.full_at == pytest.approx(full_at)
     # A reading of the next window (a reset a period later) starts it afresh.
     window = w.observe(window, tokens_left(900, 60.0), 12.0, refused=False)
     assert window.levels["tokens"].base == 900 and window.levels["tokens"].full_at == 72.0

@@ -131,9 +131,9 @@ def predict(view: View, held: HeldTurn, window: w.Window | None) -> w.Cost:
         reply = DEFAULT_REPLY_TOKENS if seen is None else seen
         if held.max_tokens:
             reply = min(reply, held.max_tokens)
-    scale = 1.0 if window is None else window.scale()
-    prompt = math.ceil(prompt * scale)
-    out = max(math.ceil(reply * scale), 1)
+    scale_in, scale_out = (1.0, 1.0) if window is None else window.scale()
+    prompt = math.ceil(prompt * scale_in)
+    out = max(math.ceil(reply * scale_out), 1)
     return (1, prompt + out, prompt, out)
 
 

@@ -93,8 +93,9 @@ class Pending:
 
     cost: Cost
     counted: bool = False
-    # The window's `scale()` the cost was predicted with (its misses are learned unscaled).
-    scale: float = 1.0
+    # The window's `scale()` the cost was predicted with: (prompt, reply). Its misses are
+    # learned unscaled.
+    scale: tuple[float, float] = (1.0, 1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,10 +110,9 @@ class Window:
     own: bool = False
     regime: Regime = Regime.UNKNOWN
     votes: tuple[bool, ...] = ()  # True: a vote for fixed
-    # The last reading of the voting budget: the period it implied, its reset, when it came.
-    implied: float | None = None
-    vote_reset: float = 0.0
-    vote_at: float = 0.0
+    # Per budget, its last reading for the next vote: the period it implied, its reset, when
+    # it came.
+    voters: immutables.Map[str, tuple[float, float, float]] = _EMPTY
     k: float = K_START
     cooldown_until: float = 0.0
     read_at: float = -1.0
@@ -127,14 +127,20 @@ class Window:
     daily_limit: int = 0
     day: int = -1
     day_used: int = 0
-    # What turns really cost over what was predicted for them (tokens): predictions are scaled
-    # by its mean + k sigma, so one that keeps falling short stops admitting past the budget.
-    misses: Replies = _NO_MISSES
+    # What turns' prompts and replies really were over what was predicted for them: the
+    # predictions are scaled by mean + k sigma of that, so one that keeps falling short stops
+    # admitting past the budget (a reply apart, for a provider's budget of output tokens).
+    misses: tuple[Replies, Replies] = (_NO_MISSES, _NO_MISSES)
 
-    def scale(self) -> float:
-        """The factor on predicted tokens: 1 until three turns ended, never below 1."""
-        seen = self.misses.predict(self.k)
-        return 1.0 if seen is None else max(1.0, seen)
+    def scale(self) -> tuple[float, float]:
+        """The factors on predicted (prompt, reply) tokens: 1 until three turns ended, never
+        below 1."""
+        return (_factor(self.misses[0], self.k), _factor(self.misses[1], self.k))
+
+
+def _factor(misses: Replies, k: float) -> float:
+    seen = misses.predict(k)
+    return 1.0 if seen is None else max(1.0, seen)
 
 
 def stated(
@@ -324,8 +330,12 @@ def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok:
     if pending is None:
         return window
     changes: dict[str, Any] = {"pending": window.pending.delete(turn_id)}
-    if actual is not None and pending.cost[1] > 0 and actual[1] > 0:
-        changes["misses"] = window.misses.add(actual[1] * pending.scale / pending.cost[1])
+    if actual is not None and pending.cost[2] > 0 and pending.cost[3] > 0:
+        prompt, reply = window.misses
+        changes["misses"] = (
+            prompt.add(actual[2] * pending.scale[0] / pending.cost[2]),
+            reply.add(actual[3] * pending.scale[1] / pending.cost[3]),
+        )
     if not pending.counted:
         changes["uncounted"] = _minus(window.uncounted, pending.cost)
         if actual is not None:
@@ -414,7 +424,7 @@ def observe(
         if remaining is None:
             continue
         limit = max(limit, remaining)
-        full_at = _reset_at(old if name in levels else None, budget.reset_s, at)
+        full_at = _reset_at(old if name in levels else None, budget.reset_s, at, window.regime)
         period = old.period_s
         if budget.reset_s and limit > remaining and window.regime is Regime.CONTINUOUS:
             # A bucket's reset is exactly (limit - remaining) / limit periods.
@@ -438,16 +448,20 @@ def observe(
     return _count_turn(window, turn_id)
 
 
-def _reset_at(old: Level | None, reset_s: float | None, at: float) -> float | None:
+def _reset_at(old: Level | None, reset_s: float | None, at: float, regime: Regime) -> float | None:
     """When a budget is full again by a reading whose headers arrived at `at`. A provider says
     its reset relative to when it wrote the headers, some time between the request's arrival
-    and `at`: `at + reset_s` is never early, and of the readings of one window the earliest
-    is the closest (a reset more than half a period later is the next window's)."""
+    and `at`: `at + reset_s` is never early. Of the readings of one fixed window the earliest
+    is the closest (a reset more than half a period later is the next window's); a bucket's
+    full time moves later with every charge, so until the regime is known to be fixed the
+    latest of them stands, which is never early for either."""
     if reset_s is None:
         return None
     when = at + reset_s
     if old is None or old.full_at is None or old.guessed or old.full_at < at:
         return when
+    if regime is not Regime.FIXED:
+        return max(when, old.full_at)
     if when > old.full_at + old.period_s / 2:
         return when
     return min(when, old.full_at)
@@ -467,33 +481,36 @@ def _count_turn(window: Window, turn_id: str) -> Window:
 
 
 def _voted(window: Window, reading: Reading, at: float) -> Window:
-    """Cast the reading's vote on the regime (see the module's docstring).
+    """Cast the reading's votes on the regime (see the module's docstring), a vote per budget.
 
     Against the last reading of the same budget: a bucket that refills `limit` per period says
     a reset (until full) of (limit - remaining) / limit periods, so it implies the same period
     every time; a fixed window's reset runs down with the clock, whatever was used. When the
     two predictions of this reset are closer than the readings are precise (readings moments
-    apart, nothing used between them), the reading does not vote."""
-    budget = reading.budgets.get("tokens") or reading.budgets.get("requests")
-    if budget is None:
-        budget = next(iter(reading.budgets.values()), None)
-    if budget is None or budget.reset_s is None or budget.remaining is None or not budget.limit:
-        return window
-    if budget.remaining >= budget.limit or budget.reset_s <= 0:
-        return window
-    used = (budget.limit - budget.remaining) / budget.limit
-    implied = budget.reset_s / used
-    mark = _with(window, implied=implied, vote_reset=budget.reset_s, vote_at=at)
-    if window.implied is None or at < window.vote_at:
-        return mark
-    as_bucket = window.implied * used
-    as_fixed = window.vote_reset - (at - window.vote_at)
-    # Arrival times are off by a request's latency; resets in whole seconds by half a second.
-    coarse = float(budget.reset_s).is_integer()
-    margin = max(VOTE_MARGIN_S + (IMPLIED_COARSE_S if coarse else 0.0), 0.05 * budget.reset_s)
-    if abs(as_bucket - as_fixed) < 2 * margin:
-        return mark
-    fixed = abs(budget.reset_s - as_fixed) < abs(budget.reset_s - as_bucket)
-    votes = (*window.votes, fixed)[-VOTES:]
+    apart, little used between them), the budget does not vote."""
+    voters = window.voters
+    votes = window.votes
+    for name, budget in reading.budgets.items():
+        if budget.reset_s is None or budget.remaining is None or not budget.limit:
+            continue
+        if budget.remaining >= budget.limit or budget.reset_s <= 0:
+            continue
+        used = (budget.limit - budget.remaining) / budget.limit
+        last = voters.get(name)
+        voters = voters.set(name, (budget.reset_s / used, budget.reset_s, at))
+        if last is None or at < last[2]:
+            continue
+        implied, reset, then = last
+        as_bucket = implied * used
+        as_fixed = reset - (at - then)
+        # Arrival times are off by a request's latency; resets in whole seconds by half a second.
+        coarse = float(budget.reset_s).is_integer()
+        margin = max(VOTE_MARGIN_S + (IMPLIED_COARSE_S if coarse else 0.0), 0.05 * budget.reset_s)
+        if abs(as_bucket - as_fixed) < 2 * margin:
+            continue
+        fixed = abs(budget.reset_s - as_fixed) < abs(budget.reset_s - as_bucket)
+        votes = (*votes, fixed)[-VOTES:]
+    if votes == window.votes:
+        return _with(window, voters=voters)
     regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
-    return _with(mark, votes=votes, regime=regime)
+    return _with(window, voters=voters, votes=votes, regime=regime)
