@@ -331,3 +331,24 @@ async def test_an_unknown_key_is_refused_at_the_door(door_open: Door) -> None:
             door_open.url + "/mcp", headers={"Authorization": "Bearer c-key"}, json={}
         )
     assert resp.status_code == 401 and resp.json()["error"]["message"]
+
+
+async def test_a_plain_key_sees_and_touches_only_its_own_keys_runs(door_open: Door) -> None:
+    """team-b cannot await, cancel, approve or forecast team-a's run, nor see it in status;
+    the operator and team-a can."""
+    mine: Any = (await call(door_open, "a-key", "run", {"task": "rivers"})).structured_content
+    handle = mine["handle"]
+    for tool, args in (
+        ("await", {"handles": [handle], "timeout": 1}),
+        ("cancel", {"handle": handle}),
+        ("approve", {"handle": handle, "allow": True}),
+        ("forecast", {"handle": handle}),
+        ("status", {"handles": [handle]}),
+    ):
+        refused = await call(door_open, "b-key", tool, args)
+        assert refused.is_error and "belongs to another key" in text(refused), tool
+    theirs: Any = (await call(door_open, "b-key", "status", {})).structured_content
+    assert handle not in [r["handle"] for r in theirs["runs"]]
+    for key in ("a-key", "operator-token"):
+        seen: Any = (await call(door_open, key, "status", {"handles": [handle]})).structured_content
+        assert [r["handle"] for r in seen["runs"]] == [handle]

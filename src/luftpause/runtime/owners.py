@@ -35,6 +35,13 @@ def owned(
     return replace(spec, key=key)
 
 
+def may_touch(run_key: str | None, identity: Identity) -> bool:
+    """Whether `identity` may see, await, cancel, approve or forecast a run of `run_key`: its
+    own key's runs; any run for the operator (or no auth) and for a service key."""
+    key = identity.caller or None
+    return key is None or _acts(identity) or run_key == key
+
+
 def _acts(identity: Identity) -> bool:
     """A service key speaking for itself (not through on-behalf-of) may act for any key."""
     return identity.key is not None and identity.key.acts_for and not identity.via

@@ -38,7 +38,7 @@ from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError, TurnError
 from luftpause.runtime.migrate import Migrations
 from luftpause.runtime.migrate_tools import add_migrations
-from luftpause.runtime.owners import owned
+from luftpause.runtime.owners import may_touch, owned
 from luftpause.runtime.questions import add_attention
 from luftpause.runtime.readiness import Verdict
 from luftpause.runtime.runs import Runtime, new_handle
@@ -126,6 +126,7 @@ class RuntimeTools:
         timeout: Timeout = AWAIT_DEFAULT,
     ) -> dict[str, Any] | InputRequiredResult:
         """Wait for all (or any) of the runs to end, at most `timeout` s; then each run's state."""
+        self._scoped(ctx, handles)
         out = await covering_wait(self.runtime, handles, mode, timeout, ctx, session=caller_of(ctx))
         return out if isinstance(out, InputRequiredResult) else {"runs": out}
 
@@ -135,7 +136,9 @@ class RuntimeTools:
         """Spawn a sub-agent and wait for it (at most `timeout` s): its state and result."""
         # A call repeated with the answers to its questions carries its run in requestState.
         handle = ctx.request_state if ctx.request_state in self.runtime.runs else None
-        if handle is None:
+        if handle is not None:
+            self._scoped(ctx, [handle])
+        else:
             handle = await self._spawned(args, ctx)
         out = await covering_wait(
             self.runtime,
@@ -154,7 +157,15 @@ class RuntimeTools:
         """The state of the given runs (all runs when none are given), without waiting; the
         approval questions waiting in them (oldest first) and this session's attention budget.
         """
-        chosen = list(self.runtime.runs) if handles is None else handles
+        identity = identity_in(ctx)
+        if handles is None and not may_touch(None, identity):
+            chosen = [
+                h for h, r in self.runtime.runs.items() if may_touch(r.state.spec.key, identity)
+            ]
+        elif handles is None:
+            chosen = list(self.runtime.runs)
+        else:
+            chosen = self._scoped(ctx, handles)
         waiting = self.runtime.pending_approvals(chosen)
         runs = [self.runtime.summary(h) for h in chosen]
         # A live run's forecast, as the forecast tool gives it.
@@ -165,7 +176,10 @@ class RuntimeTools:
         }
 
     async def forecast(
-        self, handle: str, steps: Annotated[int, Field(ge=1)] | None = None
+        self,
+        handle: str,
+        ctx: Context[Any, Any],
+        steps: Annotated[int, Field(ge=1)] | None = None,
     ) -> dict[str, Any]:
         """Project the rest of a run (its tool calls left, or `steps` more rounds) from its own
         turns and its model's over all runs, without a model call: tokens, USD, seconds and
@@ -173,16 +187,19 @@ class RuntimeTools:
         which step.
         """
         rt = self.runtime
+        self._scoped(ctx, [handle])
         with _told_to_client():
             return await rt.outlook.forecast(rt.runs, handle, steps, rt.clock())
 
-    async def cancel(self, handle: str) -> dict[str, Any]:
+    async def cancel(self, handle: str, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Cancel a run and its running descendants."""
+        self._scoped(ctx, [handle])
         with _told_to_client():
             return {"cancelled": await self.runtime.cancel(handle)}
 
-    async def approve(self, handle: str, allow: bool) -> dict[str, Any]:
+    async def approve(self, handle: str, allow: bool, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Allow or decline the tool call a run is waiting on (state AwaitingApproval)."""
+        self._scoped(ctx, [handle])
         with _told_to_client():
             return await self.runtime.approve(handle, allow)
 
@@ -210,6 +227,18 @@ class RuntimeTools:
     async def tools_(self) -> dict[str, Any]:
         """The upstream tools a sub-agent may use (name them in spawn's `tools` to restrict)."""
         return {"tools": await self.runtime.tools()}
+
+    def _scoped(self, ctx: Context[Any, Any] | None, handles: list[str]) -> list[str]:
+        """`handles`, once the request's key may touch each of their runs (`owners`); a run of
+        another key is refused as if it did not exist to this key."""
+        identity = identity_in(ctx)
+        if may_touch(None, identity):
+            return handles  # the operator, a service key, or no keys at all: every run
+        for h in handles:
+            run = self.runtime.runs.get(h)
+            if run is not None and not may_touch(run.state.spec.key, identity):
+                raise ToolError(f"run {h} belongs to another key")
+        return handles
 
     async def _spawned(self, args: SpawnArgs, ctx: Context[Any, Any] | None) -> str:
         spec = spec_from(args, caller_of(ctx), self.default_model)
