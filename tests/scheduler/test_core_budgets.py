@@ -279,3 +279,16 @@ def test_readings_moments_apart_with_nothing_used_between_cast_no_vote() -> None
     window = w.observe(w.Window(id="api"), requests, 1.0, refused=False)
     window = w.observe(window, later, 1.02, refused=True)
     assert window.regime is w.Regime.UNKNOWN and window.votes == ()
+
+
+def test_endpoints_behind_one_api_key_share_one_window() -> None:
+    """Two endpoints with `share: org`: one window holds both, so together they admit what
+    the one key allows (500 tokens), not twice that."""
+    org = Limits(tpm=500, share="org")
+    state = start(hosted("east", org), hosted("west", org))
+    assert set(state.windows) == {"org"} and state.windows["org"].replicas == ("east", "west")
+    state, first = ask(state, "t1", at=1.0)
+    state, second = ask(state, "t2", at=1.0)
+    state, third = ask(state, "t3", at=1.0)
+    assert len(placed(first) | placed(second)) == 2 and third == ()
+    assert "t3" in state.budget_held
