@@ -7,6 +7,7 @@ import pytest
 from luftpause.common.config import Endpoint
 from luftpause.common.limits import Limits
 from luftpause.common.ratelimits import Budget, Reading
+from luftpause.scheduler.core import readings
 from luftpause.scheduler.core import windows as w
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
@@ -163,9 +164,12 @@ def test_readings_teach_the_regime() -> None:
     for i in range(5):
         used = 100 + 100 * i
         # A fixed window: the reset runs down with the clock, whatever was used.
-        fixed = w.observe(fixed, tokens_left(1000 - used, 60.0 - i), float(i), refused=False)
+        left = 1000 - used
+        fixed = readings.observe(fixed, tokens_left(left, 60.0 - i), float(i), refused=False)
         # A bucket of 1000 a minute: its reset is always used / 1000 minutes.
-        bucket = w.observe(bucket, tokens_left(1000 - used, used * 0.06), float(i), refused=False)
+        bucket = readings.observe(
+            bucket, tokens_left(1000 - used, used * 0.06), float(i), refused=False
+        )
     assert fixed.regime is w.Regime.FIXED and bucket.regime is w.Regime.CONTINUOUS
 
 
@@ -262,12 +266,14 @@ def test_readings_out_of_order_keep_the_lowest_count_and_the_safe_reset() -> Non
     window is known to be fixed (each reading's is late by its latency)."""
     for regime, full_at in ((w.Regime.UNKNOWN, 11.6), (w.Regime.FIXED, 11.4)):
         window = w.Window(id="api", regime=regime)
-        window = w.observe(window, tokens_left(200, 10.3), 1.3, refused=False)  # A, slow reply
-        window = w.observe(window, tokens_left(300, 10.0), 1.4, refused=False)  # B
+        window = readings.observe(
+            window, tokens_left(200, 10.3), 1.3, refused=False
+        )  # A, slow reply
+        window = readings.observe(window, tokens_left(300, 10.0), 1.4, refused=False)  # B
         level = window.levels["tokens"]
         assert level.base == 200 and level.full_at == pytest.approx(full_at)
     # A reading of the next window (a reset a period later) starts it afresh.
-    window = w.observe(window, tokens_left(900, 60.0), 12.0, refused=False)
+    window = readings.observe(window, tokens_left(900, 60.0), 12.0, refused=False)
     assert window.levels["tokens"].base == 900 and window.levels["tokens"].full_at == 72.0
 
 
@@ -276,8 +282,8 @@ def test_readings_moments_apart_with_nothing_used_between_cast_no_vote() -> None
     time passed: such a reading does not vote (it once made a fixed window look a bucket)."""
     requests = Reading(budgets={"requests": Budget(limit=1, remaining=0, reset_s=2.95)})
     later = Reading(budgets={"requests": Budget(limit=1, remaining=0, reset_s=2.93)})
-    window = w.observe(w.Window(id="api"), requests, 1.0, refused=False)
-    window = w.observe(window, later, 1.02, refused=True)
+    window = readings.observe(w.Window(id="api"), requests, 1.0, refused=False)
+    window = readings.observe(window, later, 1.02, refused=True)
     assert window.regime is w.Regime.UNKNOWN and window.votes == ()
 
 

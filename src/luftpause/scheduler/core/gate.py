@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from luftpause.common.config import Endpoint
 from luftpause.common.ratelimits import Reading
+from luftpause.scheduler.core import readings
 from luftpause.scheduler.core import windows as w
 from luftpause.scheduler.core.learned import Replies
 from luftpause.scheduler.core.model import HeldTurn, KeyLimits, Replica, ServiceClass, Turn, evolve
@@ -323,7 +324,7 @@ def observe(
             return
         wid = turn.replica
         _attach(d, d.windows.get(wid) or w.Window(id=wid), turn.replica)
-    window = w.observe(
+    window = readings.observe(
         d.windows[wid], reading, at, sent_at=sent_at, turn_id=turn.id, refused=refused
     )
     d.windows = d.windows.set(wid, window)

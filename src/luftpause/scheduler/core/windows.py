@@ -39,7 +39,7 @@ from typing import Any
 
 import immutables
 
-from luftpause.common.ratelimits import BUDGETS, Reading
+from luftpause.common.ratelimits import BUDGETS
 from luftpause.scheduler.core.learned import Replies
 
 MINUTE_S = 60.0
@@ -47,17 +47,6 @@ K_START = 2.0
 K_UP = 0.5
 K_MAX = 4.0
 K_DECAY = 0.05
-COOLDOWN_DEFAULT_S = 1.0
-"""A 429 that says nothing of when to come back cools its window down this long."""
-
-VOTES = 5
-"""The regime is the majority of the last this many votes (a tie is fixed)."""
-
-VOTE_MARGIN_S = 0.25
-IMPLIED_COARSE_S = 0.5
-"""How precise a reading's reset is taken to be when it votes (`_voted`): its arrival time is
-off by a request's latency, and a reset given in whole seconds by half a second."""
-
 Cost = tuple[int, int, int, int]
 """What a turn costs, by `BUDGETS` (requests, tokens, input tokens, output tokens)."""
 
@@ -181,12 +170,12 @@ def restate(window: Window, per_minute: dict[str, int], at: float) -> Window:
         elif old is None:
             levels[name] = Level(limit=limit, base=float(limit), at=at, full_at=at)
         elif old.limit != limit:
-            now = _level(old, window.regime, at)
+            now = level_at(old, window.regime, at)
             levels[name] = Level(limit=limit, base=min(now, float(limit)), at=at)
-    return _with(window, levels=immutables.Map(levels))
+    return with_changes(window, levels=immutables.Map(levels))
 
 
-def _with(window: Window, **changes: Any) -> Window:
+def with_changes(window: Window, **changes: Any) -> Window:
     fields = dict(window.__dict__)
     fields.update(changes)
     return Window(**fields)
@@ -195,7 +184,7 @@ def _with(window: Window, **changes: Any) -> Window:
 # --- levels -----------------------------------------------------------------------------------
 
 
-def _level(level: Level, regime: Regime, now: float) -> float:
+def level_at(level: Level, regime: Regime, now: float) -> float:
     """What `level` holds at `now` by `regime` (after `advance`, for fixed windows)."""
     if regime is Regime.CONTINUOUS and level.limit:
         rate = level.limit / level.period_s
@@ -228,7 +217,7 @@ def advance(window: Window, now: float) -> Window:
     levels = window.levels
     for name, level in rolled.items():
         levels = levels.set(name, level)
-    return _with(window, levels=levels)
+    return with_changes(window, levels=levels)
 
 
 def available(window: Window, name: str, now: float) -> float | None:
@@ -236,7 +225,7 @@ def available(window: Window, name: str, now: float) -> float | None:
     level = window.levels.get(name)
     if level is None:
         return None
-    return _level(level, window.regime, now) - window.uncounted[BUDGETS.index(name)]
+    return level_at(level, window.regime, now) - window.uncounted[BUDGETS.index(name)]
 
 
 def fits(window: Window, cost: Cost, now: float) -> bool:
@@ -252,7 +241,7 @@ def fits(window: Window, cost: Cost, now: float) -> bool:
         if level is None or not cost[index]:
             continue
         need = min(cost[index], level.limit) if level.limit else cost[index]
-        if _level(level, window.regime, now) - window.uncounted[index] < need:
+        if level_at(level, window.regime, now) - window.uncounted[index] < need:
             return False
     return True
 
@@ -285,7 +274,7 @@ def fit_at(window: Window, cost: Cost, now: float) -> float | None:
         need = (min(cost[index], level.limit) if level.limit else cost[index]) + window.uncounted[
             index
         ]
-        if _level(level, window.regime, when) >= need:
+        if level_at(level, window.regime, when) >= need:
             continue
         if window.regime is Regime.CONTINUOUS and level.limit:
             if need > level.limit:
@@ -305,7 +294,7 @@ def refill_s(window: Window, name: str, now: float) -> float:
     if level is None:
         return -1.0
     if window.regime is Regime.CONTINUOUS and level.limit:
-        missing = level.limit - _level(level, window.regime, now)
+        missing = level.limit - level_at(level, window.regime, now)
         return max(missing * level.period_s / level.limit, 0.0)
     return -1.0 if level.full_at is None else max(level.full_at - now, 0.0)
 
@@ -315,7 +304,7 @@ def refill_s(window: Window, name: str, now: float) -> float:
 
 def reserve(window: Window, turn_id: str, cost: Cost) -> Window:
     pending = Pending(cost=cost, scale=window.scale())
-    return _with(
+    return with_changes(
         window,
         pending=window.pending.set(turn_id, pending),
         uncounted=_plus(window.uncounted, cost),
@@ -337,12 +326,12 @@ def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok:
             reply.add(actual[3] * pending.scale[1] / pending.cost[3]),
         )
     if not pending.counted:
-        changes["uncounted"] = _minus(window.uncounted, pending.cost)
+        changes["uncounted"] = minus(window.uncounted, pending.cost)
         if actual is not None:
             changes["levels"] = _charged(window, actual, at)
     if ok:
         changes["k"] = max(K_START, window.k - K_DECAY)
-    return _with(window, **changes)
+    return with_changes(window, **changes)
 
 
 def _charged(window: Window, cost: Cost, at: float) -> immutables.Map[str, Level]:
@@ -351,7 +340,7 @@ def _charged(window: Window, cost: Cost, at: float) -> immutables.Map[str, Level
         level = levels.get(name)
         if level is None or not cost[index]:
             continue
-        now = _level(level, window.regime, at)
+        now = level_at(level, window.regime, at)
         full_at = level.full_at
         if window.regime is Regime.CONTINUOUS and level.limit:
             full_at = None  # a bucket's full time moves with every charge: refill_s says it
@@ -372,7 +361,7 @@ def _plus(a: Cost, b: Cost) -> Cost:
     return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
 
-def _minus(a: Cost, b: Cost) -> Cost:
+def minus(a: Cost, b: Cost) -> Cost:
     return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
 
 
@@ -383,134 +372,3 @@ def rebuild_uncounted(window: Window) -> Cost:
         if not p.counted:
             total = _plus(total, p.cost)
     return total
-
-
-# --- readings ---------------------------------------------------------------------------------
-
-
-def observe(
-    window: Window,
-    reading: Reading,
-    at: float,
-    *,
-    sent_at: float | None = None,
-    turn_id: str = "",
-    refused: bool,
-) -> Window:
-    """A provider's reading: its headers arrived at `at`, the request they answer was sent at
-    `sent_at` (default `at`). It counts `turn_id`, the reply's own turn; its levels are dated
-    `at`, which is never early. Each budget keeps the lower of what it held and what the
-    reading says, both aged to `at` (see the module). A refusal cools the window down (from
-    `at`) and makes predictions more cautious."""
-    sent = at if sent_at is None else min(sent_at, at)
-    window = advance(window, at)
-    changes: dict[str, Any] = {}
-    if refused:
-        wait = reading.retry_after_s
-        if wait is None:
-            spent = [b.reset_s for b in reading.budgets.values() if b.remaining == 0 and b.reset_s]
-            wait = max(spent) if spent else COOLDOWN_DEFAULT_S
-        changes["cooldown_until"] = max(window.cooldown_until, at + wait)
-        changes["k"] = min(window.k + K_UP, K_MAX)
-        changes["provider_429s"] = window.provider_429s + 1
-    if not reading.budgets:
-        return _count_turn(_with(window, **changes), turn_id)
-    window = _voted(window, reading, at)
-    levels = window.levels
-    for name, budget in reading.budgets.items():
-        old = levels.get(name, Level())
-        limit = budget.limit if budget.limit is not None else old.limit
-        remaining = budget.remaining
-        if remaining is None:
-            continue
-        limit = max(limit, remaining)
-        full_at = _reset_at(old if name in levels else None, budget.reset_s, at, window.regime)
-        period = old.period_s
-        if budget.reset_s and limit > remaining and window.regime is Regime.CONTINUOUS:
-            # A bucket's reset is exactly (limit - remaining) / limit periods.
-            period = min(max(budget.reset_s * limit / (limit - remaining), 0.5), 86400.0)
-        new = Level(limit=limit, base=float(remaining), at=at, full_at=full_at, period_s=period)
-        if name in levels and not window.own:
-            held = _level(old, window.regime, at)
-            if held < _level(new, window.regime, at):
-                new = Level(
-                    limit=limit,
-                    base=min(held, float(limit)),
-                    at=at,
-                    full_at=full_at,
-                    period_s=period,
-                )
-        levels = levels.set(name, new)
-    if window.own:  # stated limits gave a bucket of our own: the provider's regime is learned
-        changes.update(regime=Regime.UNKNOWN, votes=())
-    read_at = max(window.read_at, sent)
-    window = _with(window, levels=levels, read_at=read_at, own=False, **changes)
-    return _count_turn(window, turn_id)
-
-
-def _reset_at(old: Level | None, reset_s: float | None, at: float, regime: Regime) -> float | None:
-    """When a budget is full again by a reading whose headers arrived at `at`. A provider says
-    its reset relative to when it wrote the headers, some time between the request's arrival
-    and `at`: `at + reset_s` is never early. Of the readings of one fixed window the earliest
-    is the closest (a reset more than half a period later is the next window's); a bucket's
-    full time moves later with every charge, so until the regime is known to be fixed the
-    latest of them stands, which is never early for either."""
-    if reset_s is None:
-        return None
-    when = at + reset_s
-    if old is None or old.full_at is None or old.guessed or old.full_at < at:
-        return when
-    if regime is not Regime.FIXED:
-        return max(when, old.full_at)
-    if when > old.full_at + old.period_s / 2:
-        return when
-    return min(when, old.full_at)
-
-
-def _count_turn(window: Window, turn_id: str) -> Window:
-    """Mark `turn_id`'s reservation counted (its own reply's reading counted it)."""
-    p = window.pending.get(turn_id)
-    if p is None or p.counted:
-        return window
-    counted = Pending(cost=p.cost, counted=True, scale=p.scale)
-    return _with(
-        window,
-        pending=window.pending.set(turn_id, counted),
-        uncounted=_minus(window.uncounted, p.cost),
-    )
-
-
-def _voted(window: Window, reading: Reading, at: float) -> Window:
-    """Cast the reading's votes on the regime (see the module's docstring), a vote per budget.
-
-    Against the last reading of the same budget: a bucket that refills `limit` per period says
-    a reset (until full) of (limit - remaining) / limit periods, so it implies the same period
-    every time; a fixed window's reset runs down with the clock, whatever was used. When the
-    two predictions of this reset are closer than the readings are precise (readings moments
-    apart, little used between them), the budget does not vote."""
-    voters = window.voters
-    votes = window.votes
-    for name, budget in reading.budgets.items():
-        if budget.reset_s is None or budget.remaining is None or not budget.limit:
-            continue
-        if budget.remaining >= budget.limit or budget.reset_s <= 0:
-            continue
-        used = (budget.limit - budget.remaining) / budget.limit
-        last = voters.get(name)
-        voters = voters.set(name, (budget.reset_s / used, budget.reset_s, at))
-        if last is None or at < last[2]:
-            continue
-        implied, reset, then = last
-        as_bucket = implied * used
-        as_fixed = reset - (at - then)
-        # Arrival times are off by a request's latency; resets in whole seconds by half a second.
-        coarse = float(budget.reset_s).is_integer()
-        margin = max(VOTE_MARGIN_S + (IMPLIED_COARSE_S if coarse else 0.0), 0.05 * budget.reset_s)
-        if abs(as_bucket - as_fixed) < 2 * margin:
-            continue
-        fixed = abs(budget.reset_s - as_fixed) < abs(budget.reset_s - as_bucket)
-        votes = (*votes, fixed)[-VOTES:]
-    if votes == window.votes:
-        return _with(window, voters=voters)
-    regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
-    return _with(window, voters=voters, votes=votes, regime=regime)
