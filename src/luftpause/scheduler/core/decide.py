@@ -14,8 +14,9 @@ that bucket. Those buckets drain in priority order: interactive before batch, th
 with the fewest turns in flight, then arrival. A placed turn puts its run in GENERATING on that
 replica; a reply ending in tool calls leaves it TOOL_PAUSED there (pinned, and holding headroom
 against batch if it is interactive); any other end leaves it IDLE, resident while runs like it
-come back (`residency`). Ticks expire turns never reported back, runs idle too long, the turns
-of dataplanes gone past their grace period, and the waits only worth a bounded time (`holds`).
+come back (`residency`). Ticks (`upkeep`) expire turns never reported back, runs idle too long,
+the turns of dataplanes gone past their grace period, and the waits only worth a bounded time
+(`holds`).
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core import expiry, gate, holds, lifecycle, placement, queues, residency
+from luftpause.scheduler.core import gate, lifecycle, placement, queues, residency, upkeep
 from luftpause.scheduler.core.events import (
     Action,
     Admit,
     DataplaneConnected,
     DataplaneDisconnected,
-    DataplaneReleased,
     Event,
     FirstToken,
     Place,
@@ -39,10 +39,8 @@ from luftpause.scheduler.core.events import (
     Reject,
     Resync,
     RunEnded,
-    RunExpired,
     Tick,
     TurnAbandoned,
-    TurnExpired,
     TurnFailed,
     TurnFinished,
     TurnStarted,
@@ -55,14 +53,11 @@ from luftpause.scheduler.core.model import (
     Replica,
     ServiceClass,
     evolve,
-    kv_full,
     limit_of,
-    next_cap,
 )
 from luftpause.scheduler.core.placement import (
     choose_replica,
     serves,
-    set_replica,
 )
 from luftpause.scheduler.core.resync import resync
 from luftpause.scheduler.core.slots import save_file
@@ -159,10 +154,10 @@ def _apply(d: Draft, event: Event) -> Applied:
         case RunEnded():
             return [], lifecycle.forget_run(d, event.run_id)
         case ProbeResult():
-            _probe(d, event)
+            upkeep.probe(d, event)
             return [], []
         case Tick():
-            return _tick(d, at)
+            return upkeep.tick(d, at)
         case Resync():
             resync(d, event)
             return [], list(dict.fromkeys(t.bucket for t in d.held.values()))
@@ -400,81 +395,3 @@ def _stamp(d: Draft, turn_id: str, **times: float) -> None:
     turn = d.turns.get(turn_id)
     if turn is not None and not turn.single_pass:
         d.turns = d.turns.set(turn_id, evolve(turn, **times))
-
-
-# --- probes, time --------------------------------------------------------------------------
-
-
-def _probe(d: Draft, ev: ProbeResult) -> None:
-    replica = d.replicas.get(ev.replica_id)
-    if replica is None:
-        return
-    pool = replica.kv_config or ev.kv_total or replica.kv_tokens
-    most = ev.max_running or replica.max_running
-    seen = replica
-    if (pool, most) != (replica.kv_tokens, replica.max_running):
-        seen = evolve(replica, kv_tokens=pool, max_running=most)
-    # A queue with the KV full shows the engine bound by its KV (see the status page).
-    kv_bound = kv_full(seen, ev.kv_used) if (ev.waiting or 0) > 0 else replica.kv_bound
-    cap = next_cap(seen, ev.running, ev.waiting)
-    facts = (ev.healthy, ev.running, ev.waiting, cap, pool, ev.kv_used, kv_bound, most)
-    if facts == (
-        replica.healthy,
-        replica.engine_running,
-        replica.engine_waiting,
-        replica.cap,
-        replica.kv_tokens,
-        replica.kv_used,
-        replica.kv_bound,
-        replica.max_running,
-    ):
-        return
-    updated = evolve(
-        seen,
-        healthy=ev.healthy,
-        engine_running=ev.running,
-        engine_waiting=ev.waiting,
-        cap=cap,
-        capacity=limit_of(cap, replica.slots),
-        kv_used=ev.kv_used,
-        kv_bound=kv_bound,
-    )
-    set_replica(d, updated)
-    if pool != replica.kv_tokens:
-        residency.refresh(d, replica.id)
-    if ev.healthy != replica.healthy:
-        d.opened.append(replica.id)  # its pinned runs may move, or come back to it
-
-
-def _tick(d: Draft, at: float) -> Applied:
-    actions: list[Action] = []
-    moved: list[Bucket] = []
-    for tid in expiry.timed_out_turns(d, at):
-        turn = d.turns[tid]
-        moved += lifecycle.end_turn(d, turn, at, tool_calls=False)
-        actions.append(TurnExpired(turn_id=tid, replica_id=turn.replica))
-    for rid in expiry.due_run_checks(d, at):
-        run = evolve(d.runs[rid], check_at=-1)
-        d.runs = d.runs.set(rid, run)
-        if expiry.idle_expired(run, at):
-            moved += lifecycle.forget_run(d, rid)
-            actions.append(RunExpired(run_id=rid))
-        else:
-            expiry.schedule_run_check(d, run, expiry.check_due(run, at))
-    moved += holds.release_waits(d, at)
-    for dataplane, link in list(d.dataplanes.items()):
-        if link.gone_since is not None and at - link.gone_since >= d.dataplane_grace_s:
-            released, more = _release_dataplane(d, dataplane, at)
-            moved += more
-            actions.append(DataplaneReleased(dataplane=dataplane, turns=released))
-    return actions, moved
-
-
-def _release_dataplane(d: Draft, dataplane: str, at: float) -> tuple[int, list[Bucket]]:
-    """Free every turn a gone dataplane had in flight; it no longer reports them."""
-    gone = [t for t in d.turns.values() if t.dataplane == dataplane]
-    moved: list[Bucket] = []
-    for turn in gone:
-        moved += lifecycle.end_turn(d, turn, at, tool_calls=False)
-    d.dataplanes = d.dataplanes.delete(dataplane)
-    return len(gone), moved

@@ -13,7 +13,7 @@ Pure module: functions that change a `Draft`, no I/O. Theory of operation:
 - `Replica.resident_tokens` is the sum of the footprints of the runs resident there. An idle
   resident run's next turn waits for its replica like a pinned one's (soft affinity): its
   prefix is there. If it waits longer than reading its context elsewhere would take, it gives
-  up its residency and may move (`decide._tick`).
+  up its residency and may move (`upkeep.tick`).
 - The KV rule: on a replica whose KV pool is known, a new run (or one that is resident nowhere)
   starts only while the resident footprints and the learned footprint of a new run fit in a
   share of the pool: KV_MARGIN_BATCH for a batch run, KV_MARGIN_INTERACTIVE for an interactive
