@@ -7,8 +7,6 @@ runtime server's in-memory connection, in both protocol eras.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,29 +18,10 @@ from luftpause.runtime import ask
 from luftpause.runtime import machine as m
 from luftpause.runtime.runs import DECLINED, Approval, Runtime, new_handle
 from luftpause.runtime.server import build_server
-from luftpause.testkit.engine.server import RunningServer
-from tests.runtime.loopback import MODEL, FakeMcp, engine, fake_mcp, runtime_on
+from tests.runtime.loopback import MODEL, FakeMcp
 
 WAIT = 10.0
 ERAS = pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[RunningServer]:
-    async with engine(tool_rounds=1) as server:
-        yield server
-
-
-@pytest.fixture
-async def tools() -> AsyncIterator[FakeMcp]:
-    async with fake_mcp(deep_search=5.0) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path, model: RunningServer, tools: FakeMcp) -> AsyncIterator[Runtime]:
-    async with runtime_on(tmp_path, model.url, [tools.url]) as rt:
-        yield rt
 
 
 def spec(task: str = "tidy up", **kw: Any) -> m.RunSpec:

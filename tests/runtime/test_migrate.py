@@ -23,7 +23,7 @@ from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server
 from luftpause.testkit.engine.server import RunningServer
 from luftpause.testkit.waits import eventually
-from tests.runtime.loopback import MODEL, FakeMcp, engine, fake_mcp, runtime_on
+from tests.runtime.loopback import MODEL, FakeMcp, engine, runtime_on
 from tests.runtime.test_keys import as_key
 
 WAIT = 10.0
@@ -33,12 +33,6 @@ WAIT = 10.0
 async def model() -> AsyncIterator[RunningServer]:
     async with engine(tool_rounds=2) as server:
         yield server
-
-
-@pytest.fixture
-async def tools() -> AsyncIterator[FakeMcp]:
-    async with fake_mcp(deep_search=5.0) as fake:
-        yield fake
 
 
 @pytest.fixture

@@ -24,29 +24,10 @@ from luftpause.runtime.arguments import SpawnArgs
 from luftpause.runtime.readiness import Verdict
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, caller_of, spec_from
-from luftpause.testkit.engine.server import RunningServer
-from tests.runtime.loopback import MODEL, FakeMcp, engine, fake_mcp, runtime_on
+from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 
 GOLDEN_TOOLS = Path(__file__).with_name("golden") / "tools_list.json"
 WAIT = 10.0
-
-
-@pytest.fixture
-async def model() -> AsyncIterator[RunningServer]:
-    async with engine(tool_rounds=1) as server:
-        yield server
-
-
-@pytest.fixture
-async def tools() -> AsyncIterator[FakeMcp]:
-    async with fake_mcp(deep_search=5.0) as fake:
-        yield fake
-
-
-@pytest.fixture
-async def runtime(tmp_path: Path, model: RunningServer, tools: FakeMcp) -> AsyncIterator[Runtime]:
-    async with runtime_on(tmp_path, model.url, [tools.url]) as rt:
-        yield rt
 
 
 def connect(runtime: Runtime) -> Client:
