@@ -33,7 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
-from luftpause.runtime import budget, hygiene, journal, spans
+from luftpause.runtime import budget, journal, spans, toolcalls
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import RequestError
 from luftpause.runtime.llm import Llm
@@ -44,7 +44,6 @@ from luftpause.runtime.store import JournalFile
 from luftpause.runtime.upstream import Upstreams, UpstreamTool
 from luftpause.runtime.wall import ContextWall
 
-DECLINED = "Error: the user declined this tool call"
 _TIMER_SLACK = 0.05  # past the deadline, so the subtree's seconds are over the limit, not at it
 
 log = structlog.get_logger(service="runtime")
@@ -435,7 +434,9 @@ class Runtime:
                 allowed[c.id] = await self._ask(run, c) if answer is None else answer
         results = await asyncio.gather(
             *(
-                self._call_one(c, offered) if allowed.get(c.id, True) else _declined(c)
+                toolcalls.call_one(self.upstreams, c, offered)
+                if allowed.get(c.id, True)
+                else toolcalls.declined(c)
                 for c in calls
             )
         )
@@ -464,32 +465,6 @@ class Runtime:
             run.approval = None
             pending.journaled.set()
         return allow
-
-    async def _call_one(self, call: m.ToolCall, offered: dict[str, UpstreamTool]) -> m.ToolResult:
-        if not tracing.enabled():
-            return await self._call_untraced(call, offered)
-        found = offered.get(call.name)
-        with spans.tool(call, found.server if found is not None else None) as span:
-            result = await self._call_untraced(call, offered)
-            spans.tool_result(span, result)
-            return result
-
-    async def _call_untraced(
-        self, call: m.ToolCall, offered: dict[str, UpstreamTool]
-    ) -> m.ToolResult:
-        tool = offered.get(call.name)
-        if tool is None:
-            names = ", ".join(sorted(offered)) or "none"
-            why = f"Error: no tool named {call.name}; the tools are: {names}"
-            return m.ToolResult(call_id=call.id, name=call.name, content=why, ok=False)
-        args, why = hygiene.check_arguments(call.arguments, tool.tool.input_schema or {})
-        if args is None:
-            return m.ToolResult(call_id=call.id, name=call.name, content=f"Error: {why}", ok=False)
-        return await self.upstreams.call(call, args, tool)
-
-
-async def _declined(call: m.ToolCall) -> m.ToolResult:
-    return m.ToolResult(call_id=call.id, name=call.name, content=DECLINED, ok=False)
 
 
 async def _over(runs: list[Run], mode: str) -> None:
