@@ -16,8 +16,9 @@ from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult
 
 from luftpause.runtime import ask
 from luftpause.runtime import machine as m
-from luftpause.runtime.runs import DECLINED, Approval, Runtime, new_handle
+from luftpause.runtime.runs import Approval, Runtime, new_handle
 from luftpause.runtime.server import build_server
+from luftpause.runtime.toolcalls import DECLINED
 from tests.runtime.loopback import MODEL, FakeMcp
 
 WAIT = 10.0

@@ -15,8 +15,9 @@ import pytest
 from luftpause.runtime import llm
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import RequestError
-from luftpause.runtime.runs import DECLINED, Runtime, new_handle
+from luftpause.runtime.runs import Runtime, new_handle
 from luftpause.runtime.store import JOURNAL_NAME
+from luftpause.runtime.toolcalls import DECLINED
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, closed_port, engine, fake_mcp, runtime_on
 
