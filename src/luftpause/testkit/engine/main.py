@@ -17,10 +17,13 @@ from collections.abc import Mapping
 from luftpause.common import envargs
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
+from luftpause.testkit.engine.kvcache import EVICTIONS
 from luftpause.testkit.engine.params import (
     ADMISSIONS,
     CHARGES,
+    CHUNKED_PREFILLS,
     CPU_PROFILE,
+    METRIC_NAMES,
     PROFILES,
     TOOL_STYLES,
     EngineParams,
@@ -30,6 +33,7 @@ from luftpause.testkit.engine.params import (
 from luftpause.testkit.engine.ratelimit import REGIMES
 from luftpause.testkit.engine.ratelimit_headers import HEADER_FAMILIES
 from luftpause.testkit.engine.server import serve, server_tls_context
+from luftpause.testkit.engine.tokens import GRANULARITIES
 
 _S = SimParams()
 
@@ -112,8 +116,11 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
         default=e.admission,
         help="reserve: a request starts when blocks for its prompt and whole max_tokens fit; "
         "sglang: SGLang's admission (running replies counted at new_token_ratio, reply blocks "
-        "on demand, retraction when a decode step runs out)",
+        "on demand, retraction when a decode step runs out); ondemand: when its prompt and its "
+        "reply reserve fit what is free now, replies growing on demand, the latest admitted "
+        "giving way when they run out (vLLM)",
     )
+    _family_args(p, e)
     add(
         "--stream-interval",
         type=_positive_int,
@@ -169,6 +176,77 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
     add("--tls-cert", metavar="FILE", default=None, help="serve https: PEM certificate chain")
     add("--tls-key", metavar="FILE", default=None, help="serve https: PEM private key")
     return p
+
+
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within 0..1, got {value}")
+    return value
+
+
+def _family_args(p: argparse.ArgumentParser, e: EngineParams) -> None:
+    """Where engines differ: reply reserve, prefix cache, eviction, chunked prefill, metrics."""
+    add = p.add_argument
+    add(
+        "--reply-reserve",
+        type=_ratio,
+        default=e.reply_reserve,
+        help="ondemand: the share of its reply reserve a waiting request must find free beside "
+        "its prompt (1: all; 0: the prompt alone)",
+    )
+    add(
+        "--reserve-cap",
+        type=_positive_int,
+        default=e.reserve_cap,
+        metavar="N",
+        help="ondemand: a request's reply reserve is min(max_tokens, N) (unset: max_tokens)",
+    )
+    add(
+        "--prefix-cache",
+        choices=GRANULARITIES,
+        default=e.prefix_cache,
+        help="block: every full block is keyed (vLLM); message: every message, rounded down to "
+        "whole blocks (a radix tree cut at messages); none: nothing is shared",
+    )
+    add(
+        "--eviction",
+        choices=EVICTIONS,
+        default=e.eviction,
+        help="which unreferenced prefix goes first: least recently released (lru) or least "
+        "recently cached (fifo)",
+    )
+    add(
+        "--chunked-prefill",
+        choices=CHUNKED_PREFILLS,
+        default=e.chunked_prefill,
+        help="off: a prompt is computed whole with the decode step; mixed: in chunks beside the "
+        "decode step (vLLM); separate: in chunks in iterations of their own, the batch waiting "
+        "(SGLang)",
+    )
+    add(
+        "--chunk-tokens",
+        type=_positive_int,
+        default=e.chunk_tokens,
+        metavar="N",
+        help="chunked prefill: prompt tokens per iteration (mixed: less one per decoding request)",
+    )
+    add(
+        "--metrics",
+        choices=METRIC_NAMES,
+        default=_S.metrics,
+        help="metric names on /metrics: both engines', sglang's, vllm's, or llama.cpp's request "
+        "counts only (no KV figures)",
+    )
+    add(
+        "--server-info",
+        action=argparse.BooleanOptionalAction,
+        default=_S.server_info,
+        help="serve SGLang's /server_info (off: 404)",
+    )
 
 
 def _rate_limit_args(p: argparse.ArgumentParser) -> None:
@@ -229,6 +307,12 @@ def params_from(args: argparse.Namespace) -> SimParams:
         priority_order=args.priority_scheduling,
         preempt_threshold=args.priority_preemption_threshold,
         admission=args.admission,
+        reply_reserve=args.reply_reserve,
+        reserve_cap=args.reserve_cap,
+        prefix_cache=args.prefix_cache,
+        eviction=args.eviction,
+        chunked_prefill=args.chunked_prefill,
+        chunk_tokens=args.chunk_tokens,
     )
     return SimParams(
         engine=engine,
@@ -253,6 +337,8 @@ def params_from(args: argparse.Namespace) -> SimParams:
         slot_saves=args.slot_saves,
         stream_interval=args.stream_interval,
         context_window=args.context_window,
+        metrics=args.metrics,
+        server_info=args.server_info,
     )
 
 

@@ -1,6 +1,7 @@
-"""Prometheus text for `/metrics`, under both SGLang's and vLLM's metric names.
+"""Prometheus text for `/metrics`, under SGLang's and vLLM's metric names, one of them, or only
+llama.cpp's request counts (`SimParams.metrics`).
 
-Pure module: renders an `EngineStats` snapshot plus the shell's own counters.
+Pure module: renders an `EngineStats` snapshot plus the shell's own counters (always).
 Usage gauges count blocks held by running requests; cached but unreferenced blocks count as
 free, as both engines report them. Token amounts are whole blocks times the block size.
 """
@@ -30,7 +31,15 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str) -> str:
+def _shown(name: str, names: str) -> bool:
+    """Whether the engine kind `names` exports metric `name`."""
+    family = name.split(":", 1)[0] if ":" in name else "luftpause"
+    return family == "luftpause" or names in (family, "both" if family != "llamacpp" else "")
+
+
+def render(
+    stats: EngineStats, shell: ShellCounters, *, model: str, replica: str, names: str = "both"
+) -> str:
     """The exposition text; every sample is `name{labels} value` on its own line."""
     base = f'model_name="{_escape(model)}",engine="{_escape(replica)}"'
     bs = stats.block_size
@@ -81,6 +90,8 @@ def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str
             "Running requests retracted because a decode step ran out of KV blocks",
             stats.retracted_total,
         ),
+        ("llamacpp:requests_processing", "gauge", "Requests processing", stats.running),
+        ("llamacpp:requests_deferred", "gauge", "Requests deferred", stats.waiting),
         ("vllm:num_requests_running", "gauge", "Running requests", stats.running),
         ("vllm:num_requests_waiting", "gauge", "Waiting requests", stats.waiting),
         ("vllm:gpu_cache_usage_perc", "gauge", "KV cache usage, 1 = full", stats.token_usage),
@@ -194,6 +205,8 @@ def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str
     ]
     lines: list[str] = []
     for name, kind, help_text, value in rows:
+        if not _shown(name, names):
+            continue
         family = name.removesuffix("_total") if kind == "counter" else name
         lines += [f"# HELP {family} {help_text}", f"# TYPE {family} {kind}"]
         shown = str(value) if isinstance(value, int) else f"{value:.6g}"
@@ -203,6 +216,8 @@ def render(stats: EngineStats, shell: ShellCounters, *, model: str, replica: str
         f'{base},num_gpu_blocks="{stats.total_blocks}",block_size="{bs}",'
         f'kv_cache_size_tokens="{stats.total_blocks * bs}"'
     )
+    if not _shown("vllm:cache_config_info", names):
+        return "\n".join(lines) + "\n"
     lines += [
         "# HELP vllm:cache_config_info Information of the KV cache configuration",
         "# TYPE vllm:cache_config_info gauge",

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from luftpause.testkit.engine.kvcache import EVICTIONS, Eviction
 from luftpause.testkit.engine.ratelimit import REGIMES, Regime
 from luftpause.testkit.engine.ratelimit_headers import HEADER_FAMILIES, HeaderFamily
+from luftpause.testkit.engine.tokens import GRANULARITIES, Granularity
 
 # Measured by bench/calibrate_engine.py; the README's calibration table says how.
 CALIBRATED_PREFILL_MS_PER_TOKEN = 4.98
@@ -26,10 +28,22 @@ PriorityOrder = Literal["off", "low-first", "high-first"]
 # How the model calls tools: OpenAI `tool_calls`, or a `<tool_call>` block in plain text.
 ToolStyle = Literal["openai", "text"]
 TOOL_STYLES: tuple[ToolStyle, ...] = ("openai", "text")
-# How a waiting request is admitted: with blocks for its whole reply reserved up front, or as
-# SGLang does (ratio-discounted reply estimates, reply blocks on demand, retraction; `sglang`).
-Admission = Literal["reserve", "sglang"]
-ADMISSIONS: tuple[Admission, ...] = ("reserve", "sglang")
+# How a waiting request is admitted: with blocks for its whole reply reserved up front; as
+# SGLang does (ratio-discounted reply estimates, reply blocks on demand, retraction; `sglang`);
+# or when its prompt and a reply reserve fit what is free now, the running requests' replies
+# growing on demand and the latest admitted giving way when they run out (`ondemand`, vLLM).
+Admission = Literal["reserve", "sglang", "ondemand"]
+ADMISSIONS: tuple[Admission, ...] = ("reserve", "sglang", "ondemand")
+# How a prompt's uncached tokens are computed: all in the iteration that admits it, with the
+# batch's decode step (`off`); in chunks of `chunk_tokens` beside the decode step (`mixed`,
+# vLLM); or in chunks in iterations of their own that the batch waits through (`separate`,
+# SGLang without --enable-mixed-chunk).
+ChunkedPrefill = Literal["off", "mixed", "separate"]
+CHUNKED_PREFILLS: tuple[ChunkedPrefill, ...] = ("off", "mixed", "separate")
+# Which metric names /metrics carries: both engines' (the default), SGLang's, vLLM's, or only
+# llama.cpp's request counts (no KV figures at all).
+MetricNames = Literal["both", "sglang", "vllm", "llamacpp"]
+METRIC_NAMES: tuple[MetricNames, ...] = ("both", "sglang", "vllm", "llamacpp")
 # What a hosted API charges a chat request's reply to its token budgets at the start:
 # `max_tokens` (OpenAI's estimate) or the reply it will generate (`usage`).
 Charge = Literal["usage", "max_tokens"]
@@ -53,10 +67,30 @@ class EngineParams:
     # 10 by default there). None: a running request keeps its slot whatever arrives (vLLM).
     preempt_threshold: int | None = None
     admission: Admission = "reserve"
+    # `ondemand`: the share of its reply reserve (min(max_tokens, reserve_cap)) a waiting
+    # request must find free beside its prompt to start (1: all of it; 0: the prompt alone).
+    reply_reserve: float = 1.0
+    reserve_cap: int | None = None
+    prefix_cache: Granularity = "block"
+    eviction: Eviction = "lru"
+    chunked_prefill: ChunkedPrefill = "off"
+    chunk_tokens: int = 8192
 
     def __post_init__(self) -> None:
         if self.admission not in ADMISSIONS:
-            raise ValueError("admission must be reserve or sglang")
+            raise ValueError("admission must be reserve, sglang or ondemand")
+        if self.prefix_cache not in GRANULARITIES:
+            raise ValueError("prefix_cache must be block, message or none")
+        if self.eviction not in EVICTIONS:
+            raise ValueError("eviction must be lru or fifo")
+        if self.chunked_prefill not in CHUNKED_PREFILLS:
+            raise ValueError("chunked_prefill must be off, mixed or separate")
+        if self.chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be >= 1")
+        if not 0.0 <= self.reply_reserve <= 1.0:
+            raise ValueError("reply_reserve must be within 0..1")
+        if self.reserve_cap is not None and self.reserve_cap < 1:
+            raise ValueError("reserve_cap must be >= 1 when given")
         if self.priority_order not in ("off", "low-first", "high-first"):
             raise ValueError("priority_order must be off, low-first or high-first")
         if self.preempt_threshold is not None:
@@ -85,6 +119,11 @@ class EngineParams:
     def blocks_for(self, tokens: int) -> int:
         """Blocks needed to hold `tokens` tokens."""
         return -(-tokens // self.block_size)
+
+    def reply_reserve_tokens(self, max_new: int) -> int:
+        """`ondemand`: reply tokens a waiting request must find room for beside its prompt."""
+        capped = max_new if self.reserve_cap is None else min(max_new, self.reserve_cap)
+        return int(capped * self.reply_reserve)
 
     def step_ms(self, *, prefill_tokens: int, decoding: int) -> float:
         """Duration of one engine iteration: prefill of new requests plus one decode step."""
@@ -124,6 +163,10 @@ class SimParams:
     # The context window in tokens: a chat request whose prompt plus max_tokens is longer gets
     # OpenAI's 400 `context_length_exceeded`, and /v1/models says it (`max_model_len`).
     context_window: int | None = None
+    # What the engine tells about itself: the metric names on /metrics, and SGLang's
+    # /server_info (404 when off).
+    metrics: MetricNames = "both"
+    server_info: bool = True
 
     def __post_init__(self) -> None:
         if self.time_scale <= 0:
@@ -138,6 +181,8 @@ class SimParams:
             raise ValueError("single-pass needs at least two labels")
         if self.context_window is not None and self.context_window < 1:
             raise ValueError("context_window must be >= 1 when given")
+        if self.metrics not in METRIC_NAMES:
+            raise ValueError("metrics must be both, sglang, vllm or llamacpp")
         self._check_rate_limits()
 
     def _check_rate_limits(self) -> None:

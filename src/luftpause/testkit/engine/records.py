@@ -23,6 +23,10 @@ class Submission:
     output_tokens: int
     history: tuple[int, ...] = ()
     priority: int = 0
+    # Token indices where the prompt's parts (tools, messages) end, and the history's (the
+    # prompt's and the reply's own): where a message-granular prefix cache cuts.
+    prompt_cuts: tuple[int, ...] = ()
+    history_cuts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.prompt:

@@ -37,7 +37,8 @@ from luftpause.testkit.engine.records import RequestTooLarge, Submission
 from luftpause.testkit.engine.script import classify_probs, is_summary_request, plan_reply
 from luftpause.testkit.engine.tokens import (
     END,
-    render_prompt,
+    render_parts,
+    reply_cut,
     tokenize,
     tokenize_continuation,
 )
@@ -123,7 +124,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     entry["max_tokens"] = chat.body.get("max_tokens")  # as sent (null: none), not as reserved
     if chat.fail is not None and chat.fail.status is not None:
         raise _injected(chat.fail.status)
-    text = render_prompt(chat.body["messages"], chat.body.get("tools"))
+    text, cuts = render_parts(chat.body["messages"], chat.body.get("tools"))
     prompt = tokenize(text)
     window = sim.params.context_window
     if window is not None and len(prompt) + chat.max_tokens > window:
@@ -146,6 +147,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         output_tokens=len(reply.pieces),
         history=tuple(tokenize_continuation(text, prompt, reply.body + END)),
         priority=chat.priority,
+        prompt_cuts=cuts,
+        history_cuts=(*cuts, reply_cut(text, reply.body)),
     )
     try:
         handle = sim.driver.submit(sub, stream=chat.stream)
@@ -231,8 +234,11 @@ async def health(request: web.Request) -> web.StreamResponse:
 
 
 async def server_info(request: web.Request) -> web.StreamResponse:
-    """SGLang's /server_info: the pool size and limits a client may size its load by."""
+    """SGLang's /server_info: the pool size and limits a client may size its load by (404 on an
+    engine that does not serve it, `--no-server-info`)."""
     sim = request.app[SIM]
+    if not sim.params.server_info:
+        raise HttpError(404, "Not Found")
     return web.json_response(wire.server_info(sim.params))
 
 
@@ -251,7 +257,11 @@ async def prometheus(request: web.Request) -> web.StreamResponse:
         lag_seconds=sim.driver.lag_s,
     )
     text = metrics.render(
-        sim.driver.stats(), shell, model=sim.params.model, replica=sim.params.replica_id
+        sim.driver.stats(),
+        shell,
+        model=sim.params.model,
+        replica=sim.params.replica_id,
+        names=sim.params.metrics,
     )
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 

@@ -4,7 +4,9 @@ Pure module: no I/O. A chat request is rendered into text in one fixed way (tool
 each message, then the generation prompt), so a conversation that grows by appending messages
 renders to text that extends the previous prompt, the way a real chat template does. The text
 is cut into chunks of `CHARS_PER_TOKEN` characters, each hashed to an int: that is a token.
-Full blocks of tokens are keyed by a hash chain, as vLLM's prefix cache does.
+A prefix cache keys a prompt by a hash chain over its segments (`prefix_keys`): every full
+block of tokens (vLLM), every message rounded down to whole blocks (a radix tree that caches
+what a chat template renders per message), or nothing (no prefix cache).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
+
+Granularity = Literal["block", "message", "none"]
+GRANULARITIES: tuple[Granularity, ...] = ("block", "message", "none")
 
 CHARS_PER_TOKEN = 4
 VOCAB_SIZE = 262144
@@ -60,8 +65,23 @@ def render_message(message: Mapping[str, Any]) -> str:
 
 def render_prompt(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> str:
     """The prompt text of a chat request, ending with the generation prompt."""
-    head = f"<|tools|>\n{_compact(list(tools))}{END}" if tools else ""
-    return head + "".join(render_message(m) for m in messages) + GENERATION_PROMPT
+    return render_parts(messages, tools)[0]
+
+
+def render_parts(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None
+) -> tuple[str, tuple[int, ...]]:
+    """The prompt text, and the token index at which each of its parts (the tools, then each
+    message) ends: the cuts of a message-granular prefix cache. The generation prompt follows
+    the last cut; a token that straddles a cut belongs to the part after it."""
+    parts = [f"<|tools|>\n{_compact(list(tools))}{END}"] if tools else []
+    parts += [render_message(m) for m in messages]
+    cuts: list[int] = []
+    size = 0
+    for part in parts:
+        size += len(part)
+        cuts.append(size // CHARS_PER_TOKEN)
+    return "".join(parts) + GENERATION_PROMPT, tuple(cuts)
 
 
 def continued(prompt_text: str, assistant_body: str) -> str:
@@ -85,6 +105,11 @@ def count_tokens(text: str) -> int:
     return -(-len(text) // CHARS_PER_TOKEN)
 
 
+def reply_cut(prompt_text: str, assistant_body: str) -> int:
+    """The token index at which a reply ends once it is a message of the history."""
+    return len(continued(prompt_text, assistant_body)) // CHARS_PER_TOKEN
+
+
 def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
     """Chained keys of the full blocks of `tokens`: key_i = hash(key_{i-1}, block_i)."""
     keys: list[int] = []
@@ -93,3 +118,30 @@ def block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
         key = hash((key, *tokens[start : start + block_size]))
         keys.append(key)
     return keys
+
+
+def prefix_keys(
+    tokens: Sequence[int], cuts: Sequence[int], granularity: Granularity, block_size: int
+) -> tuple[list[int], list[int]]:
+    """The prefix-cache keys of `tokens` and, per key, the blocks the prefix up to it covers.
+
+    `block`: one key per full block. `message`: one key per part that ends at a cut (in
+    tokens), each rounded down to whole blocks (a part shorter than what rounding leaves joins
+    the next). `none`: no keys, nothing is ever shared.
+    """
+    if granularity == "block":
+        keys = block_hashes(tokens, block_size)
+        return keys, list(range(1, len(keys) + 1))
+    if granularity == "none":
+        return [], []
+    keys, ends = [], []
+    key, start = _ROOT_HASH, 0
+    for cut in cuts:
+        end = min(cut, len(tokens)) // block_size
+        if end <= start:
+            continue
+        key = hash((key, *tokens[start * block_size : end * block_size]))
+        keys.append(key)
+        ends.append(end)
+        start = end
+    return keys, ends
