@@ -41,8 +41,20 @@ def parser_of(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose values are not numbers or words of a list: a text each takes.
+TEXTS = {
+    "priority": "interactive=0,batch=100",
+    "without": "openings,kv_rule",
+    "with_rules": "headroom",
+    "reply_reserve": "0.5",
+}
+
+
 def sample(action: argparse.Action) -> tuple[str, Any]:
     """A variable's text for the option and the value it must give."""
+    if action.dest in TEXTS and action.type is not None:
+        text = TEXTS[action.dest]
+        return text, action.type(text)  # type: ignore[operator]
     if isinstance(action, argparse._StoreConstAction):
         return "yes", action.const
     if isinstance(action, argparse._AppendAction):

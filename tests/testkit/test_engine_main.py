@@ -70,6 +70,35 @@ def test_the_admission_mode_and_stream_interval_reach_the_parameters() -> None:
     assert params_from(build_parser().parse_args([])).engine.admission == "reserve"
 
 
+def test_the_flags_where_engines_differ_reach_the_parameters() -> None:
+    argv = [
+        "--admission=ondemand",
+        "--reply-reserve=0.25",
+        "--reserve-cap=256",
+        "--prefix-cache=message",
+        "--block-size=1",
+        "--eviction=fifo",
+        "--chunked-prefill=separate",
+        "--chunk-tokens=4096",
+        "--metrics=sglang",
+        "--no-server-info",
+    ]
+    p = params_from(build_parser().parse_args(argv))
+    e = p.engine
+    assert (e.admission, e.reply_reserve, e.reserve_cap) == ("ondemand", 0.25, 256)
+    assert (e.prefix_cache, e.block_size, e.eviction) == ("message", 1, "fifo")
+    assert (e.chunked_prefill, e.chunk_tokens) == ("separate", 4096)
+    assert (p.metrics, p.server_info) == ("sglang", False)
+    default = params_from(build_parser().parse_args([]))
+    assert (default.metrics, default.server_info, default.engine.prefix_cache) == (
+        "both",
+        True,
+        "block",
+    )
+    with pytest.raises(ValueError, match="reply_reserve"):
+        params_from(build_parser().parse_args(["--reply-reserve=1.5"]))
+
+
 @pytest.mark.parametrize(
     "argv", [["--admission=eager"], ["--stream-interval=0"], ["--stream-interval=x"]]
 )

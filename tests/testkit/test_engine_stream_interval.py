@@ -207,6 +207,19 @@ async def test_server_info_gives_the_pool_size_and_limits_at_top_level() -> None
     assert info["page_size"] == 16 and info["stream_interval"] == 2
 
 
+async def test_an_engine_without_server_info_answers_404_and_exports_only_its_own_names() -> None:
+    async with (
+        engine(server_info=False, metrics="vllm") as server,
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.get(server.url + "/server_info") as resp:
+            assert resp.status == 404
+            assert "error" in await resp.json()
+        async with http.get(server.url + "/metrics") as resp:
+            text = await resp.text()
+    assert "vllm:num_requests_running" in text and "sglang:" not in text
+
+
 async def test_streams_retracted_for_lack_of_blocks_stall_and_finish_with_the_same_reply() -> None:
     # 128 blocks of 4 tokens; eight 100-token replies need about 860 tokens: SGLang's
     # admission lets more start than fit, and some are retracted and resumed.

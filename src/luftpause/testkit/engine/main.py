@@ -178,22 +178,12 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
     return p
 
 
-def _ratio(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within 0..1, got {value}")
-    return value
-
-
 def _family_args(p: argparse.ArgumentParser, e: EngineParams) -> None:
     """Where engines differ: reply reserve, prefix cache, eviction, chunked prefill, metrics."""
     add = p.add_argument
     add(
         "--reply-reserve",
-        type=_ratio,
+        type=float,
         default=e.reply_reserve,
         help="ondemand: the share of its reply reserve a waiting request must find free beside "
         "its prompt (1: all; 0: the prompt alone)",
@@ -242,10 +232,10 @@ def _family_args(p: argparse.ArgumentParser, e: EngineParams) -> None:
         "counts only (no KV figures)",
     )
     add(
-        "--server-info",
-        action=argparse.BooleanOptionalAction,
-        default=_S.server_info,
-        help="serve SGLang's /server_info (off: 404)",
+        "--no-server-info",
+        dest="server_info",
+        action="store_false",
+        help="answer 404 to SGLang's /server_info, as vLLM and llama.cpp do",
     )
 
 
