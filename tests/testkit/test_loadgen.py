@@ -154,6 +154,21 @@ async def test_a_tool_call_cut_short_is_dropped_and_the_reply_ends_the_run() -> 
     assert run.tool_calls == 0 and run.dropped_calls == 1
 
 
+async def test_a_priority_per_class_goes_in_every_turns_body_and_none_by_default() -> None:
+    engine = Engine()
+    await _one_run(engine, _workload(priority=(("batch", 100), ("interactive", 0))))
+    assert [r["priority"] for r in engine.requests] == [100] * len(engine.requests)
+    plain = Engine()
+    await _one_run(plain, _workload())
+    assert all("priority" not in r for r in plain.requests)
+    assert parse_args(["--priority", "interactive=0,batch=100"]).priority == (
+        ("batch", 100),
+        ("interactive", 0),
+    )
+    with pytest.raises(SystemExit):
+        parse_args(["--priority", "urgent=1"])
+
+
 def test_an_unknown_preamble_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown preamble"):
         _workload(preamble="llama")

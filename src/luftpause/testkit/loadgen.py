@@ -26,6 +26,9 @@ answer now." once the run's calls are spent. A block whose JSON does not parse (
 `x-sim-tool-style: text` makes the simulator script that. Text style does not combine with
 `--preamble gemma` (its examples are OpenAI tool_calls) or `--keep-tools` (nothing is offered).
 
+`--priority interactive=N,batch=M` sends each turn its class's `priority` in the request body,
+as a client of a router that forwards it to engines with a priority queue would.
+
 `--shared-prefix-chars N` opens every run of every agent with the same N characters of fixed
 text, a preamble an engine can cache across runs; the task after it stays unique per run. A run
 has at most one system message (Gemma's chat template, for one, takes no second): the shared
@@ -103,6 +106,9 @@ class Workload:
     stop: tuple[str, ...] = ()
     tool_style: str = "openai"
     shared_prefix_chars: int = 0
+    # (class, priority) pairs: each turn sends its class's `priority` in the body (a router's
+    # client that knows the class); empty sends none.
+    priority: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.preamble not in PREAMBLES:
@@ -148,6 +154,9 @@ async def turn(
         kwargs["temperature"] = wl.temperature
     if wl.stop:
         kwargs["stop"] = list(wl.stop)
+    priority = dict(wl.priority).get(run.service_class)
+    if priority is not None:
+        kwargs["extra_body"] = {"priority": priority}
     try:
         stream = await client.chat.completions.create(
             model=wl.model,

@@ -65,7 +65,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="open every run of every agent with the same N characters of system text",
     )
+    p.add_argument(
+        "--priority",
+        type=_priorities,
+        default=None,
+        metavar="interactive=N,batch=M",
+        help="send each turn the engine `priority` of its class in the body, as a router's "
+        "client that knows the class would (unset: none)",
+    )
     return p
+
+
+def _priorities(text: str) -> tuple[tuple[str, int], ...]:
+    out: dict[str, int] = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name.strip() not in ("interactive", "batch"):
+            raise argparse.ArgumentTypeError(f"not a class: {name.strip()!r}")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    return tuple(sorted(out.items()))
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Workload:
@@ -108,6 +129,7 @@ def _workload(p: argparse.ArgumentParser, a: argparse.Namespace) -> Workload:
             stop=tuple(a.stop),
             tool_style=a.tool_style,
             shared_prefix_chars=a.shared_prefix_chars,
+            priority=a.priority or (),
             **_shared(a),
         )
     except ValueError as exc:
