@@ -1,16 +1,10 @@
-"""Opening keys and the rule that sends a new run where its opening was served (pure)."""
+"""Opening keys, and how much of an opening a replica served lately (pure)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from luftpause.common.prefixes import (
-    LOAD_SLACK,
-    MAX_KEY_BYTES,
-    matched_bytes,
-    opening_keys,
-    prefer,
-)
+from luftpause.common.prefixes import MAX_KEY_BYTES, matched_bytes, opening_keys
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]
 SYSTEM = {"role": "system", "content": "You are a research agent."}
@@ -52,18 +46,3 @@ def test_the_longest_known_key_is_the_match() -> None:
     keys = opening_keys([SYSTEM, user("task A")], TOOLS)
     assert matched_bytes(keys, {keys[0][0]: 1, keys[1][0]: 1}) == keys[1][1]
     assert matched_bytes(keys, {}) == 0
-
-
-def test_a_match_wins_among_replicas_near_the_least_load() -> None:
-    load = {"a": 4, "b": 4 + LOAD_SLACK, "c": 5 + LOAD_SLACK}
-    match = {"a": 0, "b": 900, "c": 5000}
-    ranked = sorted(load, key=load.__getitem__)
-    assert prefer(ranked, load.__getitem__, match.__getitem__) == "b"  # c is too busy
-    assert prefer(ranked, load.__getitem__, lambda r: 0) == "a"  # no match: least loaded
-    assert prefer([], load.__getitem__, match.__getitem__) is None
-
-
-def test_the_load_slack_grows_with_the_load() -> None:
-    load = {"a": 40, "b": 49, "c": 51}
-    match = {"a": 0, "b": 10, "c": 10}
-    assert prefer(sorted(load, key=load.__getitem__), load.__getitem__, match.__getitem__) == "b"

@@ -40,7 +40,7 @@ def run_on(rid: str, phase: Phase = Phase.IDLE) -> RunRecord:
 A, B = replica("a"), replica("b")
 
 
-def test_a_fresh_run_goes_to_the_least_loaded_open_replica_then_by_id() -> None:
+def test_a_fresh_run_with_nothing_to_tell_goes_to_the_least_loaded_then_by_id() -> None:
     assert choose_open((A, B), run=None, fresh=True, load={}) is A
     assert choose_open((A, B), run=None, fresh=True, load={"a": 2, "b": 1}) is B
     assert choose_open((A, B), run=None, fresh=True, load={"a": 1, "b": 1}) is A
@@ -57,16 +57,19 @@ def test_an_unknown_run_a_client_named_and_a_model_with_no_open_replica_are_aske
     assert choose_open((), run=None, fresh=True, load={}) is None
 
 
-def test_a_fresh_run_goes_where_this_dataplane_sent_its_opening_near_the_least_load() -> None:
+def test_a_fresh_run_goes_where_it_costs_least_to_read_its_opening_and_the_queue() -> None:
     memory = OpeningMemory()
     opening = opening_keys(
-        [{"role": "system", "content": "shared"}, {"role": "user", "content": "x"}]
+        [{"role": "system", "content": "shared " * 100}, {"role": "user", "content": "x"}]
     )
-    memory.record("b", opening[:1])  # the shared system prompt went to b
-    choose = partial(choose_open, (A, B), run=None, fresh=True, opening=opening, memory=memory)
-    assert choose(load={"a": 0, "b": 2}) is B  # within the slack
-    assert choose(load={"a": 0, "b": 3}) is A  # past it: the least loaded
-    assert choose(load={}, opening=()) is A
+    memory.record("b", opening[:1])  # the shared system prompt (700 bytes) went to b
+    choose = partial(
+        choose_open, (A, B), run=None, fresh=True, opening=opening, memory=memory, load={}
+    )
+    assert choose(request_bytes=1000) is B  # 300 bytes to read there, 1000 on a
+    assert choose(request_bytes=1000, pending={"b": 800}) is A  # b has 1100 to read first
+    assert choose(request_bytes=1000, pending={"b": 600}) is B
+    assert choose(request_bytes=1000, opening=()) is A  # alike: fewer in flight, then by id
 
 
 def test_the_opening_memory_forgets_the_least_recently_used_keys() -> None:

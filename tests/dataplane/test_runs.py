@@ -10,7 +10,9 @@ from luftpause.dataplane.runs import Phase, RunRecord, RunTable, TurnRecord
 MINUTE = 60.0
 
 
-def turn(turn_id: str, run_id: str = "run-1", replica: str = "engine-a") -> TurnRecord:
+def turn(
+    turn_id: str, run_id: str = "run-1", replica: str = "engine-a", size: int = 0
+) -> TurnRecord:
     return TurnRecord(
         turn_id=turn_id,
         run_id=run_id,
@@ -18,7 +20,23 @@ def turn(turn_id: str, run_id: str = "run-1", replica: str = "engine-a") -> Turn
         model="m",
         service_class=ServiceClass.BATCH,
         caller="me",
+        request_bytes=size,
     )
+
+
+def test_a_turns_request_is_pending_on_its_replica_until_its_first_token_or_its_end() -> None:
+    table = RunTable()
+    table.turn_placed(turn("t1", "r1", size=500), now=0.0)
+    table.turn_placed(turn("t2", "r2", size=300), now=0.0)
+    table.turn_placed(turn("t3", "r3", replica="engine-b", size=200), now=0.0)
+    assert table.pending == {"engine-a": 800, "engine-b": 200}
+    table.turn_read("t1")
+    table.turn_read("t1")  # once only
+    assert table.pending == {"engine-a": 300, "engine-b": 200}
+    table.turn_ended("t1", tool_paused=False, now=1.0)  # read already: nothing more
+    table.turn_ended("t2", tool_paused=False, now=1.0)  # failed before it was read
+    table.turn_ended("t3", tool_paused=False, now=1.0)
+    assert table.pending == {} and table.read == set()
 
 
 def test_run_generates_while_its_turn_is_in_flight() -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.decide import DEFAULT_RULES, decide, initial_state
 from luftpause.scheduler.core.events import Action, Admit, Event, Place, ProbeResult, TurnFinished
-from luftpause.scheduler.core.model import ServiceClass
+from luftpause.scheduler.core.model import Rules, ServiceClass
 from luftpause.scheduler.core.state import State
 
 MODEL = "m"
@@ -17,8 +17,8 @@ def endpoint(
     return Endpoint(id=rid, url=f"http://{rid}:1", models=frozenset(models), kind=kind)
 
 
-def pool(*ids: str, healthy: bool = True) -> State:
-    state = initial_state(endpoint(i) for i in ids)
+def pool(*ids: str, healthy: bool = True, rules: Rules = DEFAULT_RULES) -> State:
+    state = initial_state((endpoint(i) for i in ids), rules=rules)
     for i in ids:
         state, _ = decide(state, ProbeResult(at=0.0, replica_id=i, healthy=healthy))
     return state
@@ -41,9 +41,20 @@ def admit(
     cls: ServiceClass = ServiceClass.INTERACTIVE,
     model: str = MODEL,
     at: float = 1.0,
+    size: int = 0,
 ) -> tuple[State, tuple[Action, ...]]:
+    """Admit a turn; `size` is its request's bytes (0: nothing known of its prompt)."""
     return decide(
-        state, Admit(at=at, turn_id=turn, run_id=run, model=model, service_class=cls, caller=caller)
+        state,
+        Admit(
+            at=at,
+            turn_id=turn,
+            run_id=run,
+            model=model,
+            service_class=cls,
+            caller=caller,
+            prompt_bytes=size,
+        ),
     )
 
 

@@ -28,7 +28,9 @@ from luftpause.scheduler.core.state import Draft, State
 
 def stays_home(state: State, run: Run) -> bool:
     """Pinned (generating, paused on a tool) or resident: its turns wait for its replica."""
-    return state.affinity and bool(run.replica) and (run.pinned or run.footprint > 0)
+    return bool(run.replica) and (
+        (state.rules.affinity and run.pinned) or (state.rules.soft_affinity and run.footprint > 0)
+    )
 
 
 def kv_allows(pool: int | None, resident: int, new_run: int, cls: ServiceClass) -> bool:
@@ -64,7 +66,9 @@ def could_take(state: State, held: HeldTurn, replica_id: str) -> bool:
         home = state.replicas.get(run.replica)
         if home is not None and home.healthy and held.model in home.models:
             return False
-    return held.overdue or replica.new_fits(held.service_class)
+    if held.overdue or replica.new_fits(held.service_class):
+        return True
+    return bool(state.room_for(("m", held.model, held.service_class)))
 
 
 def after_turns(state: State, run_id: str) -> list[Turn]:
@@ -85,7 +89,7 @@ def check_residency(state: State) -> None:
         assert replica.resident_tokens == totals[rid], f"{rid}: resident tokens drifted"
         flags = (replica.new_batch_fits, replica.new_interactive_fits)
         expected = tuple(
-            kv_allows(replica.kv_tokens, totals[rid], new_run, cls)
+            kv_allows(replica.kv_tokens, totals[rid], new_run, cls) or not state.rules.kv_rule
             for cls in (ServiceClass.BATCH, ServiceClass.INTERACTIVE)
         )
         assert flags == expected, f"{rid}: stale new-run fits"
@@ -93,11 +97,15 @@ def check_residency(state: State) -> None:
 
 
 def check_kv_rule(before: State, after: State, event: Event, places: list[Place]) -> None:
-    """A new run (one resident nowhere, not held past NEW_RUN_MAX_HOLD_S) started only where it
-    fit beside the runs resident there. The resident tokens just before each placement are those
-    after the step less the footprints added by the placements there later in the step (runs
-    held past the longest hold add theirs unchecked); a replica a run moved away from during
-    the step is not checked (its total also fell)."""
+    """A new run (one resident nowhere, not held past NEW_RUN_MAX_HOLD_S) started past a
+    replica's KV pool only while some replica had room for a new run (else it is held; where it
+    goes among those with room is the cost's choice, which counts the overflow). The resident
+    tokens just before each placement are those after the step less the footprints added by
+    the placements there later in the step (runs held past the longest hold add theirs
+    unchecked); a replica a run moved away from during the step is not checked (its total also
+    fell). Nothing to check with the rule off."""
+    if not after.rules.kv_rule:
+        return
     moved_from: set[str] = set()
     added: dict[str, list[tuple[ServiceClass, int, bool]]] = {}
     seen: set[str] = set()
@@ -119,7 +127,10 @@ def check_kv_rule(before: State, after: State, event: Event, places: list[Place]
             or (isinstance(event, Tick) and event.at - held.arrived_at >= NEW_RUN_MAX_HOLD_S)
         )
         footprint = after.runs[turn.run_id].footprint if turn.run_id in after.runs else 0
-        added.setdefault(action.replica_id, []).append((turn.service_class, footprint, not overdue))
+        room = ("m", turn.model, turn.service_class)
+        anywhere = bool(before.room_for(room) or after.room_for(room))
+        checked = not overdue and not anywhere
+        added.setdefault(action.replica_id, []).append((turn.service_class, footprint, checked))
     new_run = residency.new_run_tokens(after)
     for rid, placed in added.items():
         replica = after.replicas[rid]
@@ -130,7 +141,7 @@ def check_kv_rule(before: State, after: State, event: Event, places: list[Place]
             total -= footprint
             if checked:
                 ok = kv_allows(replica.kv_tokens, total, new_run, cls)
-                assert ok, f"a new {cls} run started on {rid} past its KV pool"
+                assert ok, f"a new {cls} run started on {rid} past its KV pool, none had room"
 
 
 def check_rebuilds(state: State, at: float) -> None:

@@ -36,7 +36,7 @@ from collections import Counter
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from luftpause.common.config import Endpoint, Priorities
 from luftpause.scheduler.core import slots
@@ -64,6 +64,7 @@ from luftpause.scheduler.core.events import (
 from luftpause.scheduler.core.model import (
     DATAPLANE_GRACE_S,
     Phase,
+    Rules,
     ServiceClass,
     Turn,
     limit_of,
@@ -113,12 +114,21 @@ class CoreMachine(RuleBasedStateMachine):
             )
             for r, m in REPLICAS.items()
         ]
+        self.endpoints = endpoints
         self.state: State = initial_state(endpoints)
         self.now = 0.0
         self.turn_no = 0
         self.gone_since: dict[str, float] = {}
         # What the dataplanes last heard was open: it may lag the state by a few steps.
         self.heard_open: tuple[str, ...] = ()
+
+    @initialize(off=st.sets(st.sampled_from(Rules.names())))
+    def rules(self, off: set[str]) -> None:
+        """Any set of rules switched off (or `headroom` on): every invariant holds for each."""
+        rules = Rules().switched(off, on=False)
+        if "headroom" in off:  # off by default: drawing it means on
+            rules = rules.switched(["headroom"], on=True)
+        self.state = initial_state(self.endpoints, rules=rules)
 
     def step(self, event: Event) -> tuple[Action, ...]:
         before = self.state
@@ -510,7 +520,9 @@ class CoreMachine(RuleBasedStateMachine):
         paused = Counter(
             r.replica
             for r in s.runs.values()
-            if r.phase is Phase.TOOL_PAUSED and r.service_class is ServiceClass.INTERACTIVE
+            if s.rules.headroom
+            and r.phase is Phase.TOOL_PAUSED
+            and r.service_class is ServiceClass.INTERACTIVE
         )
         slotted = [(t.replica, t.slot) for t in s.turns.values() if t.slot >= 0]
         assert len(slotted) == len(set(slotted)), "two turns in one engine slot"

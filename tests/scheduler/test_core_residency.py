@@ -11,7 +11,7 @@ import pytest
 
 from luftpause.common.config import Endpoint
 from luftpause.scheduler.core import holds
-from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.decide import DEFAULT_RULES, decide, initial_state
 from luftpause.scheduler.core.events import (
     Admit,
     FirstToken,
@@ -21,16 +21,17 @@ from luftpause.scheduler.core.events import (
     TurnFinished,
     TurnStarted,
 )
-from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, ServiceClass
+from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, Rules, ServiceClass
 from luftpause.scheduler.core.state import State
 from tests.scheduler.helpers import MODEL, admit, cap, placed
 
 BATCH = ServiceClass.BATCH
 
 
-def kv_pool(*ids: str, kv: int = 0) -> State:
+def kv_pool(*ids: str, kv: int = 0, rules: Rules = DEFAULT_RULES) -> State:
     state = initial_state(
-        Endpoint(id=i, url=f"http://{i}:1", models=frozenset({MODEL}), kv_tokens=kv) for i in ids
+        (Endpoint(id=i, url=f"http://{i}:1", models=frozenset({MODEL}), kv_tokens=kv) for i in ids),
+        rules=rules,
     )
     for i in ids:
         state, _ = decide(state, ProbeResult(at=0.0, replica_id=i, healthy=True))
@@ -117,37 +118,62 @@ def test_a_run_paused_on_a_tool_is_resident_until_it_is_not_back_in_time() -> No
     assert not state.runs["r1"].resident and state.replicas["a"].resident_tokens == 0
 
 
-def test_a_new_batch_run_waits_while_the_resident_runs_fill_the_kv_pool() -> None:
-    state = kv_pool("a", kv=3500)
+def paused_pair(kv: int, rules: Rules = DEFAULT_RULES) -> State:
+    """Two batch runs paused on a tool on replica a, their contexts 1,200 tokens each."""
+    state = kv_pool("a", kv=kv, rules=rules)
     for i in range(2):
         state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
         state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
+    return state
+
+
+def test_a_new_batch_run_waits_while_the_engine_is_busy_and_resident_runs_fill_its_pool() -> None:
+    state = paused_pair(kv=3500)
     assert state.replicas["a"].resident_tokens > 2400
+    # A resident run comes back at once (the rule never holds it): its prompt is to be read.
+    state, actions = admit(state, "t3", "r0", cls=BATCH, at=2.5)
+    assert placed(actions) == {"t3": "a"} and state.replicas["a"].pending_prefill > 0
     state, actions = admit(state, "t2", "new", cls=BATCH, at=3)
     assert not placed(actions) and state.held["t2"].bucket == ("m", "", MODEL)
-    # The resident runs come back at once: the rule never holds them.
-    state, actions = admit(state, "t3", "r0", cls=BATCH, at=3.1)
-    assert placed(actions) == {"t3": "a"}
     # One of them ends: its KV is free, and the new run starts.
     state, actions = decide(state, RunEnded(at=3.2, run_id="r1"))
     assert placed(actions) == {"t2": "a"}
 
 
+def test_an_engine_with_nothing_left_to_read_takes_a_new_run_past_its_pool() -> None:
+    """Holding a new run while its engine has nothing queued would only leave it idle."""
+    state = paused_pair(kv=3500)
+    assert not state.replicas["a"].new_batch_fits and state.replicas["a"].pending_prefill == 0
+    _, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    assert placed(actions) == {"t2": "a"}
+    # Held while a returning run's prompt is read, it goes once that prompt's first token came.
+    state, _ = admit(state, "t3", "r0", cls=BATCH, at=2.5)
+    state, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    assert not placed(actions)
+    state, actions = decide(state, FirstToken(at=3.1, turn_id="t3"))
+    assert placed(actions) == {"t2": "a"}
+
+
+def test_with_the_kv_rule_off_a_new_run_starts_while_the_engine_is_busy() -> None:
+    state = paused_pair(kv=3500, rules=Rules().switched(["kv_rule"], on=False))
+    state, _ = admit(state, "t3", "r0", cls=BATCH, at=2.5)
+    _, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    assert placed(actions) == {"t2": "a"}
+
+
 def test_a_new_interactive_run_may_start_where_batch_may_not() -> None:
-    state = kv_pool("a", kv=4400)
-    for i in range(2):
-        state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=1)
-        state = finish(state, f"t{i}", at=2, prompt=1200, tools=True)
+    state = paused_pair(kv=4400)
     resident = state.replicas["a"].resident_tokens
     new_run = round(state.sizes.new_run_tokens)
     assert 0.75 * 4400 < resident + new_run <= 0.875 * 4400
+    state, _ = admit(state, "t9", "r0", cls=BATCH, at=2.5)  # busy reading
     state, actions = admit(state, "t2", "b-new", cls=BATCH, at=3)
     assert not placed(actions)
     state, actions = admit(state, "t3", "i-new", at=3)
     assert placed(actions) == {"t3": "a"}
 
 
-def test_a_new_run_goes_where_it_fits() -> None:
+def test_a_new_run_goes_where_it_fits_rather_than_push_resident_runs_out() -> None:
     state = kv_pool("a", "b", kv=3500)
     state, actions = admit(state, "t0", "r0", cls=BATCH, at=1)
     full = placed(actions)["t0"]
@@ -156,7 +182,7 @@ def test_a_new_run_goes_where_it_fits() -> None:
     state = finish(state, "t1", at=2, prompt=100, tools=True)
     if state.runs["r1"].replica == full:
         return  # both on one replica: nothing to choose
-    _, actions = admit(state, "t2", "new", cls=BATCH, at=3)
+    _, actions = admit(state, "t2", "new", cls=BATCH, at=3, size=8000)  # about 2000 tokens
     assert placed(actions) == {"t2": ({"a", "b"} - {full}).pop()}
 
 

@@ -19,12 +19,13 @@ from luftpause.scheduler.core.events import (
     TurnFailed,
     TurnSnapshot,
 )
-from luftpause.scheduler.core.model import Phase, ServiceClass
+from luftpause.scheduler.core.model import Phase, Rules, ServiceClass
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
 from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
 
 BATCH = ServiceClass.BATCH
+HEADROOM = Rules().switched(["headroom"], on=True)
 
 
 def test_unknown_model_is_rejected_at_once_and_nothing_is_held() -> None:
@@ -205,8 +206,8 @@ def test_held_turns_of_equal_standing_drain_in_arrival_order() -> None:
     assert placed(actions) == {"t1": "a"}
 
 
-def test_batch_leaves_a_slot_for_each_interactive_run_paused_on_a_tool() -> None:
-    state = cap(pool("a"), "a", 2)
+def test_with_headroom_batch_leaves_a_slot_for_each_interactive_run_paused_on_a_tool() -> None:
+    state = cap(pool("a", rules=HEADROOM), "a", 2)
     state, _ = admit(state, "i1", "ri")
     state, _ = finish(state, "i1", tool_calls=True)
     state, actions = admit(state, "b1", "rb1", cls=BATCH)
@@ -214,6 +215,19 @@ def test_batch_leaves_a_slot_for_each_interactive_run_paused_on_a_tool() -> None
     state, actions = admit(state, "b2", "rb2", cls=BATCH)
     assert not placed(actions)  # the last slot is kept for ri
     _, actions = admit(state, "i2", "ri")
+    assert placed(actions) == {"i2": "a"}
+
+
+def test_without_headroom_batch_may_take_the_slot_a_paused_interactive_run_left() -> None:
+    state = cap(pool("a"), "a", 2)
+    state, _ = admit(state, "i1", "ri")
+    state, _ = finish(state, "i1", tool_calls=True)
+    state, actions = admit(state, "b1", "rb1", cls=BATCH)
+    state, actions = admit(state, "b2", "rb2", cls=BATCH)
+    assert placed(actions) == {"b2": "a"}
+    state, actions = admit(state, "i2", "ri")
+    assert not placed(actions)  # it waits, first in line, for the next turn to end
+    _, actions = finish(state, "b1", at=3)
     assert placed(actions) == {"i2": "a"}
 
 
@@ -242,7 +256,7 @@ def test_turn_never_reported_back_expires_after_ten_minutes() -> None:
 
 
 def test_run_idle_for_thirty_minutes_is_forgotten() -> None:
-    state, _ = admit(pool("a"), "t1", "r1", at=0)
+    state, _ = admit(pool("a", rules=HEADROOM), "t1", "r1", at=0)
     state, _ = finish(state, "t1", tool_calls=True, at=10)
     state, actions = decide(state, Tick(at=10 + 1799))
     assert "r1" in state.runs
@@ -252,7 +266,7 @@ def test_run_idle_for_thirty_minutes_is_forgotten() -> None:
 
 
 def test_run_ended_forgets_the_run_and_its_headroom() -> None:
-    state, _ = admit(pool("a"), "t1", "r1")
+    state, _ = admit(pool("a", rules=HEADROOM), "t1", "r1")
     state, _ = finish(state, "t1", tool_calls=True)
     assert state.replicas["a"].paused_interactive == 1
     state, _ = decide(state, RunEnded(at=3, run_id="r1"))
@@ -260,7 +274,7 @@ def test_run_ended_forgets_the_run_and_its_headroom() -> None:
 
 
 def test_resync_replaces_state_with_what_the_dataplane_reported() -> None:
-    state = pool("a", "b")
+    state = pool("a", "b", rules=HEADROOM)
     runs = (
         RunSnapshot(
             run_id="r1",
@@ -300,7 +314,10 @@ def test_without_affinity_a_paused_run_moves_off_its_full_replica() -> None:
     """The benchmark ablation (runs free to move) against the default, on the same events."""
     outcomes = {}
     for affinity in (True, False):
-        state = initial_state([endpoint("a"), endpoint("b")], affinity=affinity)
+        state = initial_state(
+            [endpoint("a"), endpoint("b")],
+            rules=Rules().switched(() if affinity else ("affinity", "soft_affinity"), on=False),
+        )
         for rid in ("a", "b"):
             state, _ = decide(
                 state, ProbeResult(at=0, replica_id=rid, healthy=True, running=2, waiting=1)

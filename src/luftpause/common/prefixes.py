@@ -9,18 +9,17 @@ Engines render requests into tokens their own way, so a key says that two openin
 same, not how many tokens match; the bytes it covers, times the tokens per byte learned from
 usage, estimate that.
 
-`prefer` is the placement rule both the scheduler and a dataplane placing a new run itself
-apply, the way sglang-router's cache_aware weighs its tree against load: among the replicas a
-new run may go to, those whose load is within LOAD_SLACK of the least loaded one compete on the
-longest opening they served; without a match, the least loaded wins.
+`matched_bytes` says how much of an opening a replica served lately, which both the scheduler
+(`scheduler.core.cost`) and a dataplane placing a new run itself (`dataplane.local`) count as
+read already there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 OPENING_MESSAGES = 4
 """Messages of a conversation's start that make up its opening keys (after its tools)."""
@@ -28,15 +27,8 @@ OPENING_MESSAGES = 4
 MAX_KEY_BYTES = 1 << 20
 """An opening past this many bytes ends the keys: a longer one is a run's own history."""
 
-LOAD_SLACK = 2
-LOAD_SLACK_SHARE = 0.25
-"""A replica competes on its cached opening while its load is at most the least loaded one's
-plus the larger of LOAD_SLACK turns and LOAD_SLACK_SHARE of that load."""
-
 Key = tuple[int, int]
 """(hash, bytes of the opening it covers)."""
-
-_R = TypeVar("_R")
 
 
 def _canonical(part: Any) -> bytes:
@@ -68,21 +60,3 @@ def matched_bytes(keys: Iterable[Key], known: Mapping[int, Any]) -> int:
         if key in known and size > best:
             best = size
     return best
-
-
-def prefer(
-    candidates: Sequence[_R], load: Callable[[_R], float], matched: Callable[[_R], int]
-) -> _R | None:
-    """The candidate a new run goes to: the longest match among those near the least load.
-
-    `candidates` come in the order the run would take them without a match (least loaded
-    first); among equal matches the earlier one wins.
-    """
-    if not candidates:
-        return None
-    least = min(load(c) for c in candidates)
-    slack = max(LOAD_SLACK, LOAD_SLACK_SHARE * least)
-    near = [c for c in candidates if load(c) <= least + slack]
-    # max() keeps the first of equals: candidates come least loaded first from the caller.
-    best = max(near, key=matched)
-    return best if matched(best) > 0 else candidates[0]

@@ -7,10 +7,11 @@ to the runs whose history it holds, and reports the placement on its Session str
 turn waits for the scheduler as before:
 
 - a run this dataplane started with this turn (no run id from the client, no echoed tool call
-  it knows): of the open replicas serving the model, the one this dataplane sent the run's
-  opening (tools and first messages) to among those near the fewest of its turns in flight,
-  else the one with the fewest, then by id, as the scheduler picks (`common.prefixes.prefer`;
-  its counts are ours plus other dataplanes');
+  it knows): of the open replicas serving the model, the one where it costs the engines least
+  to read, as the scheduler picks (`scheduler.core.cost`), counted in request bytes here: the
+  bytes of this dataplane's turns there whose first token has not come yet, plus the turn's own
+  less the opening (tools and first messages) this dataplane sent there lately; then the fewest
+  of its turns in flight, then by id;
 - a run in this dataplane's run table: its last replica, if that replica is open and serves the
   model (the scheduler sends a pinned run there, and an idle one while it has room); otherwise
   the scheduler decides (the run may have to wait, or move);
@@ -30,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from luftpause.common.prefixes import Key, prefer
+from luftpause.common.prefixes import Key
 from luftpause.dataplane.identity import ServiceClass
 from luftpause.dataplane.runs import RunRecord
 
@@ -97,6 +98,8 @@ def choose_open(
     load: Mapping[str, int],
     opening: Sequence[Key] = (),
     memory: OpeningMemory | None = None,
+    pending: Mapping[str, int] | None = None,
+    request_bytes: int = 0,
 ) -> OpenReplica | None:
     """The open replica this dataplane may send the turn to itself, or None to ask.
 
@@ -111,11 +114,12 @@ def choose_open(
         return next((r for r in open_for_model if r.replica_id == run.replica_id), None)
     if not fresh:
         return None
-    ranked = sorted(open_for_model, key=lambda r: (load.get(r.replica_id, 0), r.replica_id))
-    if not opening or memory is None:
-        return ranked[0]
-    return prefer(
-        ranked,
-        load=lambda r: load.get(r.replica_id, 0),
-        matched=lambda r: memory.matched(r.replica_id, opening),
-    )
+    queued = pending or {}
+
+    def cost(replica: OpenReplica) -> tuple[int, int, str]:
+        rid = replica.replica_id
+        cached = memory.matched(rid, opening) if memory is not None and opening else 0
+        own = max(request_bytes - cached, 1)
+        return (queued.get(rid, 0) + own, load.get(rid, 0), rid)
+
+    return min(open_for_model, key=cost)

@@ -183,6 +183,8 @@ async def _admit_and_proxy(
             load=runs.load,
             opening=opening,
             memory=dp.openings,
+            pending=runs.pending,
+            request_bytes=turn.request_bytes,
         )
     if local is not None:
         # An open replica has no slots to assign and held nothing.

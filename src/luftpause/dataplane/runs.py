@@ -36,6 +36,8 @@ class TurnRecord:
     model: str
     service_class: ServiceClass
     caller: str
+    # The request body's size: what the engine reads for it until its first token comes.
+    request_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not self.turn_id or not self.run_id:
@@ -72,14 +74,17 @@ class Snapshot:
 class RunTable:
     """Runs by id and turns in flight by id, updated as turns go."""
 
-    __slots__ = ("idle_limit", "load", "runs", "turns")
+    __slots__ = ("idle_limit", "load", "pending", "read", "runs", "turns")
 
     def __init__(self, idle_limit: float = RUN_IDLE_SECONDS) -> None:
         self.idle_limit = idle_limit
         self.runs: dict[str, RunRecord] = {}
         self.turns: dict[str, TurnRecord] = {}
-        # Replica id -> turns of ours in flight there (no entry for none).
+        # Replica id -> turns of ours in flight there (no entry for none), and the request
+        # bytes of those that have not shown a first token yet: reading queued there.
         self.load: dict[str, int] = {}
+        self.pending: dict[str, int] = {}
+        self.read: set[str] = set()  # turns in flight whose first token came
 
     def turn_placed(self, turn: TurnRecord, now: float) -> None:
         """The scheduler placed `turn`: its run is generating on that replica."""
@@ -87,6 +92,7 @@ class RunTable:
             raise ValueError(f"turn {turn.turn_id} is already placed")
         self.turns[turn.turn_id] = turn
         self.load[turn.replica_id] = self.load.get(turn.replica_id, 0) + 1
+        self._pend(turn.replica_id, turn.request_bytes)
         old = self.runs.get(turn.run_id)
         self.runs[turn.run_id] = RunRecord(
             run_id=turn.run_id,
@@ -98,11 +104,22 @@ class RunTable:
             in_flight=(old.in_flight if old else 0) + 1,
         )
 
+    def turn_read(self, turn_id: str) -> None:
+        """A turn's first token came: the engine has read its prompt."""
+        turn = self.turns.get(turn_id)
+        if turn is not None and turn_id not in self.read:
+            self.read.add(turn_id)
+            self._pend(turn.replica_id, -turn.request_bytes)
+
     def turn_ended(self, turn_id: str, *, tool_paused: bool, now: float) -> None:
         """A turn finished (paused on a tool or not) or failed."""
         turn = self.turns.pop(turn_id, None)
         if turn is None:
             return
+        if turn_id in self.read:
+            self.read.discard(turn_id)
+        else:
+            self._pend(turn.replica_id, -turn.request_bytes)
         left = self.load.pop(turn.replica_id) - 1
         if left:
             self.load[turn.replica_id] = left
@@ -121,6 +138,13 @@ class RunTable:
             since=now,
             in_flight=in_flight,
         )
+
+    def _pend(self, replica_id: str, delta: int) -> None:
+        left = self.pending.get(replica_id, 0) + delta
+        if left > 0:
+            self.pending[replica_id] = left
+        else:
+            self.pending.pop(replica_id, None)
 
     def end_run(self, run_id: str) -> None:
         """Forget a run that its agent declared over; its turns in flight still end normally."""

@@ -131,6 +131,7 @@ class Turn:
                 model=self.model,
                 service_class=self.service_class,
                 caller=self.caller,
+                request_bytes=self.request_bytes,
             ),
             self._clock(),
         )
@@ -148,6 +149,8 @@ class Turn:
         """The engine sent its first token (reported once)."""
         if self.state is State.STARTED and not self._first_token_sent:
             self._first_token_sent = True
+            if not self.single_pass:
+                self._runs.turn_read(self.turn_id)
             self._report(wire.first_token(self.turn_id, self.run_id), self.replica_id)
             if self.span is not None:
                 self.span.event("first_token")

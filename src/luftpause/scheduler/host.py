@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from luftpause.common.config import Endpoint
-from luftpause.scheduler.core.decide import decide, initial_state
+from luftpause.scheduler.core.decide import DEFAULT_RULES, decide, initial_state
 from luftpause.scheduler.core.events import (
     Action,
     DataplaneReleased,
@@ -28,7 +28,7 @@ from luftpause.scheduler.core.events import (
     TurnAbandoned,
     TurnExpired,
 )
-from luftpause.scheduler.core.model import DATAPLANE_GRACE_S
+from luftpause.scheduler.core.model import DATAPLANE_GRACE_S, Rules
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.metrics import SchedulerMetrics
 
@@ -70,12 +70,12 @@ class SchedulerHost:
         endpoints: Iterable[Endpoint],
         *,
         dataplane_grace_s: float = DATAPLANE_GRACE_S,
-        affinity: bool = True,
+        rules: Rules = DEFAULT_RULES,
         clock: Callable[[], float] = time.monotonic,
         metrics: SchedulerMetrics | None = None,
     ) -> None:
         self.state: State = initial_state(
-            endpoints, dataplane_grace_s=dataplane_grace_s, affinity=affinity
+            endpoints, dataplane_grace_s=dataplane_grace_s, rules=rules
         )
         self.clock = clock
         self.metrics = metrics or SchedulerMetrics()

@@ -27,7 +27,7 @@ from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import StartupError, run_async
 from luftpause.scheduler.core.events import Tick
-from luftpause.scheduler.core.model import DATAPLANE_GRACE_S
+from luftpause.scheduler.core.model import DATAPLANE_GRACE_S, Rules
 from luftpause.scheduler.host import SchedulerHost
 from luftpause.scheduler.http import build_app
 from luftpause.scheduler.prober import PROBE_PERIOD_S, Prober
@@ -55,10 +55,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=DATAPLANE_GRACE_S,
         help="seconds a dataplane's event streams may be gone before its turns are released",
     )
+    names = ", ".join(Rules.names())
+    p.add_argument(
+        "--without",
+        type=_rule_names,
+        default=(),
+        metavar="RULE[,RULE]",
+        help=f"switch placement rules off, as ablations ({names}; see docs/architecture.md)",
+    )
+    p.add_argument(
+        "--with",
+        dest="with_rules",
+        type=_rule_names,
+        default=(),
+        metavar="RULE[,RULE]",
+        help="switch placement rules on that are off by default (headroom)",
+    )
     p.add_argument(
         "--no-affinity",
         action="store_true",
-        help="benchmark ablation: let generating and tool-paused runs move between replicas",
+        help="the same as --without affinity,soft_affinity: every run may move",
     )
     p.add_argument(
         "--probe-period",
@@ -74,6 +90,22 @@ def build_parser() -> argparse.ArgumentParser:
         "(its /status is read by the browser; the runtime must allow this page's origin)",
     )
     return p
+
+
+def _rule_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in Rules.names()]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown rule {unknown[0]!r}; one of {', '.join(Rules.names())}"
+        )
+    return names
+
+
+def rules_from(args: argparse.Namespace) -> Rules:
+    """The placement rules the options ask for."""
+    off = (*args.without, *(("affinity", "soft_affinity") if args.no_affinity else ()))
+    return Rules().switched(args.with_rules, on=True).switched(off, on=False)
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:
@@ -104,9 +136,10 @@ async def _serving_once_probed(
 async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     log = setup_logging("scheduler")
     config = load_config(args.config)
-    host = SchedulerHost(
-        config.endpoints, dataplane_grace_s=args.dataplane_grace, affinity=not args.no_affinity
-    )
+    rules = rules_from(args)
+    host = SchedulerHost(config.endpoints, dataplane_grace_s=args.dataplane_grace, rules=rules)
+    if rules != Rules():
+        log.warning("placement rules changed from the defaults", rules=str(rules))
 
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
     serve_on(server, host)

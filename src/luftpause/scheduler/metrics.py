@@ -164,6 +164,12 @@ def _pool(state: State) -> Iterator[Metric]:
     resident_runs = GaugeMetricFamily(
         "luftpause_replica_resident_runs", "Runs resident on the replica", labels=["replica"]
     )
+    pending = GaugeMetricFamily(
+        "luftpause_replica_pending_prefill_tokens",
+        "Prompt tokens the turns in flight on the replica are expected to read and have not "
+        "shown a first token for",
+        labels=["replica"],
+    )
     counts = dict.fromkeys(state.replicas, 0)
     for run in state.runs.values():
         if run.footprint and run.replica in counts:
@@ -179,7 +185,8 @@ def _pool(state: State) -> Iterator[Metric]:
                 family.add_metric([r.id], value)
         resident.add_metric([r.id], r.resident_tokens)
         resident_runs.add_metric([r.id], counts[r.id])
-    yield from (running, waiting, pool, used, resident, resident_runs)
+        pending.add_metric([r.id], r.pending_prefill)
+    yield from (running, waiting, pool, used, resident, resident_runs, pending)
 
 
 class SchedulerMetrics:

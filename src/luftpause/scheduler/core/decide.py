@@ -26,7 +26,15 @@ from collections.abc import Iterable
 import immutables
 
 from luftpause.common.config import Endpoint, EndpointKind
-from luftpause.scheduler.core import gate, lifecycle, placement, queues, residency, upkeep
+from luftpause.scheduler.core import (
+    counters,
+    gate,
+    lifecycle,
+    placement,
+    queues,
+    residency,
+    upkeep,
+)
 from luftpause.scheduler.core.events import (
     Action,
     Admit,
@@ -51,6 +59,7 @@ from luftpause.scheduler.core.model import (
     DataplaneLink,
     HeldTurn,
     Replica,
+    Rules,
     ServiceClass,
     evolve,
     limit_of,
@@ -64,6 +73,7 @@ from luftpause.scheduler.core.slots import save_file
 from luftpause.scheduler.core.state import Draft, State
 
 Decision = tuple[State, tuple[Action, ...]]
+DEFAULT_RULES = Rules()
 Applied = tuple[list[Action], list[Bucket]]
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
@@ -72,7 +82,7 @@ def initial_state(
     endpoints: Iterable[Endpoint],
     *,
     dataplane_grace_s: float = DATAPLANE_GRACE_S,
-    affinity: bool = True,
+    rules: Rules = DEFAULT_RULES,
 ) -> State:
     """The state before any event: the configured replicas, none yet known healthy."""
     replicas: dict[str, Replica] = {}
@@ -102,7 +112,7 @@ def initial_state(
             generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
             single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
             dataplane_grace_s=dataplane_grace_s,
-            affinity=affinity,
+            rules=rules,
         )
     )
     placement.rebuild(d)
@@ -176,6 +186,7 @@ def _apply(d: Draft, event: Event) -> Applied:
             _stamp(d, event.turn_id, started_at=at)
             return [], []
         case FirstToken():
+            counters.first_token(d, event.turn_id)
             _stamp(d, event.turn_id, first_token_at=at)
             return [], []
     raise TypeError(f"unknown event {event!r}")

@@ -103,6 +103,10 @@ class Sizes:
         """Prompt tokens of a request of `prompt_bytes` bytes."""
         return round(prompt_bytes * self.tokens_per_byte)
 
+    def first_footprint(self, prompt_bytes: int) -> int:
+        """A new run's footprint before its usage is known: its request, and a next round."""
+        return max(self.prompt_estimate(prompt_bytes) + self.next_round, 1)
+
     @property
     def next_round(self) -> int:
         """What a resident run is expected to add before and in its next turn."""

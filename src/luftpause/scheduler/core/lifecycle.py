@@ -9,6 +9,7 @@ moved to; room a change opens on a replica is noted by `placement.set_replica` i
 from __future__ import annotations
 
 from luftpause.scheduler.core import counters, expiry, gate, queues, residency, slots
+from luftpause.scheduler.core.cost import prefill
 from luftpause.scheduler.core.counters import holds_headroom
 from luftpause.scheduler.core.events import RunTaken, TurnFinished
 from luftpause.scheduler.core.learned import comeback_keys, ended, returned, window_for
@@ -51,6 +52,7 @@ def start_turn(
         if held.key is None and not d.window_of
         else gate.windows_of_turn(d, held, replica.id),
         max_tokens=held.max_tokens,
+        prefill_tokens=prefill(d, held, d.runs.get(held.run_id), replica),
     )
     changes = counters.on_place(replica, turn)
     if slot is not None:
@@ -61,7 +63,7 @@ def start_turn(
     set_replica(d, evolve(replica, **changes))
     if held.single_pass:
         return [], ()
-    if held.opening:
+    if held.opening and d.rules.openings:
         index = d.openings.get(replica.id, _NO_INDEX)
         d.openings = d.openings.set(replica.id, record(index, held.opening))
     counters.add_caller(d, held.caller, 1)
@@ -96,7 +98,7 @@ def _generating(d: Draft, old: Run | None, held: HeldTurn, replica: Replica, at:
         )
         d.runs = d.runs.set(run.id, run)
         return run
-    if holds_headroom(old):  # it leaves its tool call: the slot kept for it is free
+    if holds_headroom(d, old):  # it leaves its tool call: the slot kept for it is free
         counters.bump_paused(d, old.replica, -1)
     if old.resident and old.replica != replica.id:
         old = residency.leave(d, old)  # it moves: its KV there is free now
@@ -155,7 +157,7 @@ def end_turn(
     phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
     run = evolve(run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica)
     d.runs = d.runs.set(run.id, run)
-    if holds_headroom(run):
+    if holds_headroom(d, run):
         counters.bump_paused(d, run.replica, 1)
     run = _stay(d, run, at, tool_calls, counted=usage is not None)
     expiry.schedule_run_check(d, run, expiry.check_due(run, at))
@@ -221,7 +223,7 @@ def forget_run(d: Draft, run_id: str) -> list[Bucket]:
     if run.turns_in_flight:
         d.runs = d.runs.set(run_id, evolve(run, ended=True))
         return []
-    if holds_headroom(run):
+    if holds_headroom(d, run):
         counters.bump_paused(d, run.replica, -1)
     residency.leave(d, run)
     d.runs = d.runs.delete(run_id)

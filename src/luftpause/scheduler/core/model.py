@@ -10,7 +10,8 @@ events and actions, records have no `slots`: see `evolve`. The state that holds 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -71,6 +72,42 @@ def evolve(record: _R, **changes: Any) -> _R:
     fields_.update(record.__dict__)
     fields_.update(changes)
     return new
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rules:
+    """The placement rules the core applies. All are on by default; each can be switched off
+    (`luftpause scheduler --without RULE`), which the benchmarks use as ablations:
+
+    - `affinity`: a run generating or paused on a tool goes only to its replica;
+    - `soft_affinity`: an idle run resident on its replica waits for it, for a bounded time;
+    - `kv_rule`: a new run is held while the replicas' working sets fill their KV pools, and a
+      replica's overflow counts in where a new run goes;
+    - `openings`: a new run's cost on a replica counts the opening it served there as cached;
+    - `headroom`: batch leaves a slot on a capped replica for each interactive run paused on a
+      tool there (off by default: it cost batch up to a quarter of its throughput on slot-bound
+      engines and gave interactive runs nothing that their place in the queue does not, see
+      docs/measurements.md).
+    """
+
+    affinity: bool = True
+    soft_affinity: bool = True
+    kv_rule: bool = True
+    openings: bool = True
+    headroom: bool = False
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def switched(self, names: Iterable[str], *, on: bool) -> Rules:
+        """These rules with `names` switched on (or off); ValueError for an unknown name."""
+        values = {name: getattr(self, name) for name in self.names()}
+        for name in names:
+            if name not in values:
+                raise ValueError(f"unknown rule {name!r}; one of {', '.join(values)}")
+            values[name] = on
+        return Rules(**values)
 
 
 class ServiceClass(StrEnum):
@@ -164,6 +201,9 @@ class Replica:
     in_flight: int = 0
     interactive_in_flight: int = 0
     paused_interactive: int = 0
+    # Derived (`counters`): the prompt tokens its turns in flight are expected to compute and
+    # have not shown a first token for yet (`Turn.prefill_tokens`): the reading queued there.
+    pending_prefill: int = 0
     # Turn cap from the engine's load: see `next_cap`.
     cap: int | None = None
     # The `priority` its engine gets per class (endpoint `priority`); None sends none.
@@ -205,6 +245,8 @@ class Replica:
         _check_id("replica id", self.id)
         if not 0 <= self.interactive_in_flight <= self.in_flight or self.paused_interactive < 0:
             raise ValueError(f"replica {self.id}: negative counts")
+        if self.pending_prefill < 0:
+            raise ValueError(f"replica {self.id}: negative pending prefill")
         if len(self.slot_runs) != self.slots:
             raise ValueError(f"replica {self.id}: slot_runs must have one entry per slot")
         if self.saves and not self.slots:
@@ -215,7 +257,11 @@ class Replica:
             raise ValueError(f"replica {self.id}: negative KV figures")
 
     def new_fits(self, service_class: ServiceClass) -> bool:
-        """Whether the KV rule lets a new run of `service_class` start here now."""
+        """Whether the KV rule lets a new run of `service_class` start here now: its working
+        set leaves room for one, or nothing placed here waits to be read (`pending_prefill`):
+        the engine would start it at once, and holding it would leave that capacity unused."""
+        if not self.pending_prefill:
+            return True
         if service_class is ServiceClass.BATCH:
             return self.new_batch_fits
         return self.new_interactive_fits
@@ -311,6 +357,8 @@ class Turn:
     # max_tokens (0: none).
     windows: tuple[str, ...] = ()
     max_tokens: int = 0
+    # The prompt tokens it was expected to compute there when placed (`placement.prefill`).
+    prefill_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_id("turn id", self.id)

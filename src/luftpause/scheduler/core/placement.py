@@ -1,34 +1,40 @@
 """Placement rules: which replica, if any, may take a held turn now.
 
-Pure module: no I/O, no clock reads. Rules, in the order they apply:
+Pure module: no I/O, no clock reads. Rules, in the order they apply (`model.Rules` names the
+ones that can be switched off):
 
 1. Routing by model: only replicas of the turn's kind that serve its model.
 2. Health: an unhealthy replica gets nothing.
-3. Run affinity: a run that is generating or paused on a tool goes only to the replica that
-   served its last turn, while that replica is healthy and serves the model; so does an idle
-   run still resident there (expected back, see `residency`), until it has waited longer than
-   reading its context elsewhere would take (`holds`). Any other run may move.
+3. Run affinity (`affinity`): a run that is generating or paused on a tool goes only to the
+   replica that served its last turn, while that replica is healthy and serves the model; so
+   does an idle run still resident there (`soft_affinity`: expected back, see `residency`),
+   until it has waited longer than reading its context elsewhere would take (`holds`). Any
+   other run may move.
 4. Admission by engine load: an engine whose KV pool is known batches up to it and is capped
    only at the most requests it runs at once (`model.next_cap`); any other engine is uncapped
    until it queues, then capped at what it runs. A replica with engine `slots` never takes
    more turns than it has slots (`slots` picks which one).
-5. The KV rule: a new run (or one resident nowhere) starts on a replica with a known KV pool
-   only while the runs resident there and it fit a share of the pool (`residency`); held past
+5. The KV rule (`kv_rule`): a new run (or one resident nowhere) is held while no replica has
+   room in its KV pool for the runs resident there and one more (`residency`) or nothing
+   waiting to be read (`Replica.new_fits`: an engine with nothing queued to read starts a new
+   run at once, and holding it would only leave that engine idle); held past
    NEW_RUN_MAX_HOLD_S, it goes to any replica with room.
-6. Service classes: a batch turn may not take the last free slot kept for each interactive run
-   paused on a tool on that replica (it will come back). On a preemptive replica (its engine
-   preempts a running batch request for a waiting interactive one) no slot is kept: batch may
-   fill the cap, and an interactive turn goes beyond it while the engine still runs batch work
-   to preempt (fewer interactive turns in flight there than the cap).
+6. Service classes (`headroom`, off by default): a batch turn may not take the last free slot
+   kept for each interactive run paused on a tool on that replica (it will come back). On a
+   preemptive replica (its engine preempts a running batch request for a waiting interactive
+   one) no slot is kept: batch may fill the cap, and an interactive turn goes beyond it while
+   the engine still runs batch work to preempt (fewer interactive turns in flight there than
+   the cap).
 7. Among replicas with room, an idle run prefers its last replica (its prefix may still be
-   cached); a new one the replica that served its opening (its tools and first messages) of
-   those near the least load (`common.prefixes.prefer`); else the least loaded.
+   cached); a new one, or one that moves, goes where it costs the engines least to read
+   (`cost`: the reading queued there, its own less what is cached there, and the resident
+   contexts it would push out of the pool).
 
 An *open* replica (healthy, generative, uncapped, no slots to assign, room for new runs, not
 rate-limited: those are admitted by their budget, `gate`) has
-room for every turn, so there rules 4 to 6 never hold a turn back and only affinity, openings and
-load choose. The dataplanes are told which replicas are open and place a new run, or a run of
-theirs last on an open replica, themselves; the core records such a placement as reported
+room for every turn, so there rules 4 to 6 never hold a turn back and only affinity and cost
+choose. The dataplanes are told which replicas are open and place a run of theirs last on an
+open replica, or one they started, themselves; the core records such a placement as reported
 (`Admit.placed_on`).
 """
 
@@ -37,13 +43,11 @@ from __future__ import annotations
 import immutables
 
 from luftpause.common.config import EndpointKind
-from luftpause.common.prefixes import matched_bytes, prefer
+from luftpause.scheduler.core.cost import cost
 from luftpause.scheduler.core.model import Bucket, HeldTurn, Replica, Run, ServiceClass
-from luftpause.scheduler.core.openings import OpeningIndex
 from luftpause.scheduler.core.state import Draft, View
 
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
-_NO_INDEX = OpeningIndex()
 _NO_IDS: frozenset[str] = frozenset()
 
 
@@ -89,8 +93,8 @@ def _room_flags(replica: Replica) -> tuple[bool, bool, bool, bool]:
     if replica.kind is EndpointKind.SINGLE_PASS:
         return (interactive, batch, False, False)
     return (
-        interactive and replica.new_interactive_fits,
-        batch and replica.new_batch_fits,
+        interactive and replica.new_fits(ServiceClass.INTERACTIVE),
+        batch and replica.new_fits(ServiceClass.BATCH),
         interactive,
         batch,
     )
@@ -154,43 +158,42 @@ def bucket_fits(view: View, bucket: Bucket, cls: ServiceClass) -> bool:
 
 
 def waits_for_home(view: View, run: Run) -> bool:
-    """`run`'s next turn goes only to its replica: pinned there, or resident (its prefix)."""
-    return view.affinity and bool(run.replica) and (run.pinned or run.resident)
+    """`run`'s next turn goes only to its replica: pinned there (`affinity`), or resident
+    (its prefix; `soft_affinity`)."""
+    if not run.replica:
+        return False
+    rules = view.rules
+    return (rules.affinity and run.pinned) or (rules.soft_affinity and run.resident)
 
 
 def choose_replica(view: View, turn: HeldTurn) -> Replica | None:
     """The replica `turn` goes to now, or None if it must keep waiting."""
     cls = turn.service_class
+    replicas = view.replicas
+    if turn.single_pass:
+        ids = view.room_for(("s", turn.model, cls))
+        return min((replicas[rid] for rid in ids), key=_load_key) if ids else None
     # The KV rule holds new runs (and runs resident nowhere) until the held time runs out (the
     # turn sits in an "o" bucket then; one whose run became pinned meanwhile is back in "r").
-    kv_rule = not turn.single_pass and turn.bucket[0] != "o"
-    if not turn.single_pass:
-        run = view.runs.get(turn.run_id)
-        if run is not None and run.replica:
-            home = view.replicas.get(run.replica)
-            if home is not None and home.healthy and turn.model in home.models:
-                stays = waits_for_home(view, run)
-                if has_room(home, cls) and (stays or not kv_rule or home.new_fits(cls)):
-                    return home  # pinned or resident, or idle and its prefix may be cached
-                if stays:
-                    return None
-    kind = "s" if turn.single_pass else ("m" if kv_rule else "o")
-    ids = view.room_for((kind, turn.model, cls))  # with room, and (for "m") the KV rule
+    kv_rule = turn.bucket[0] != "o"
+    run = view.runs.get(turn.run_id)
+    if run is not None and run.replica:
+        home = replicas.get(run.replica)
+        if home is not None and home.healthy and turn.model in home.models:
+            stays = waits_for_home(view, run)
+            if has_room(home, cls) and (stays or not kv_rule or home.new_fits(cls)):
+                return home  # pinned or resident, or idle and its prefix may be cached
+            if stays:
+                return None
+    if kv_rule and not view.room_for(("m", turn.model, cls)):
+        return None  # no working set leaves room for a new run anywhere: held (`residency`)
+    ids = view.room_for(("o", turn.model, cls))
     if not ids:
         return None
-    replicas = view.replicas
     if len(ids) == 1:
         (only,) = ids
         return replicas[only]
-    if not turn.opening:
-        return min((replicas[rid] for rid in ids), key=_load_key)
-    candidates = sorted((replicas[rid] for rid in ids), key=_load_key)
-    openings = view.openings
-    return prefer(
-        candidates,
-        load=lambda r: r.in_flight,
-        matched=lambda r: matched_bytes(turn.opening, openings.get(r.id, _NO_INDEX).keys),
-    )
+    return min((replicas[rid] for rid in ids), key=lambda r: cost(view, turn, run, r))
 
 
 def _load_key(replica: Replica) -> tuple[float, int, str]:

@@ -14,14 +14,16 @@ Pure module: functions that change a `Draft`, no I/O. Theory of operation:
   resident run's next turn waits for its replica like a pinned one's (soft affinity): its
   prefix is there. If it waits longer than reading its context elsewhere would take, it gives
   up its residency and may move (`upkeep.tick`).
-- The KV rule: on a replica whose KV pool is known, a new run (or one that is resident nowhere)
-  starts only while the resident footprints and the learned footprint of a new run fit in a
-  share of the pool: KV_MARGIN_BATCH for a batch run, KV_MARGIN_INTERACTIVE for an interactive
-  one (the rest is headroom for the engine's own cache churn). A replica with nothing resident
-  always takes one, so no run is too big to ever start. Turns of resident
+- The KV rule (`Rules.kv_rule`): on a replica whose KV pool is known, a new run (or one that is
+  resident nowhere) starts only while the resident footprints and the learned footprint of a
+  new run fit in a share of the pool: KV_MARGIN_BATCH for a batch run, KV_MARGIN_INTERACTIVE
+  for an interactive one (the rest is headroom for the engine's own cache churn). A replica
+  with nothing resident always takes one, so no run is too big to ever start. Turns of resident
   runs are never held by this rule: they fit by construction, and holding them would only add
   their wait to a full engine. Without it, runs whose contexts add up to more than the pool
-  evict each other's prefixes while they wait on tools, and every turn re-reads its context.
+  evict each other's prefixes while they wait on tools, and every turn re-reads its context. A
+  new run is held only while no replica has room; where it goes among those with room is
+  `cost`'s choice, which counts a replica's overflow as tokens to read again.
 
 Every function keeps `resident_tokens` and the replica's `new_*_fits` flags in step with the
 runs; `rebuild` recomputes them from the runs alone (resync, and the property tests).
@@ -53,7 +55,7 @@ def footprint(view: View, run: Run) -> int:
 
 def first_footprint(view: View, prompt_bytes: int) -> int:
     """A new run's footprint before any usage is reported: its request, sized by bytes."""
-    return max(view.sizes.prompt_estimate(prompt_bytes) + view.sizes.next_round, 1)
+    return view.sizes.first_footprint(prompt_bytes)
 
 
 def new_run_tokens(view: View) -> int:
@@ -71,7 +73,9 @@ def fits(replica: Replica, resident: int, new_run: int) -> tuple[bool, bool]:
 
 
 def _with_resident(d: Draft, replica: Replica, resident: int) -> None:
-    batch, interactive = fits(replica, resident, new_run_tokens(d))
+    batch, interactive = (
+        fits(replica, resident, new_run_tokens(d)) if d.rules.kv_rule else (True, True)
+    )
     if (resident, batch, interactive) == (
         replica.resident_tokens,
         replica.new_batch_fits,

@@ -37,6 +37,7 @@ from luftpause.scheduler.core.model import (
     DataplaneLink,
     HeldTurn,
     Replica,
+    Rules,
     Run,
     ServiceClass,
     Turn,
@@ -46,6 +47,7 @@ from luftpause.scheduler.core.windows import Window
 
 _EMPTY: immutables.Map[Any, Any] = immutables.Map()
 _NO_SIZES = Sizes()
+_RULES = Rules()
 _NO_ROOM: frozenset[str] = frozenset()
 
 RoomKey = tuple[str, str, ServiceClass]
@@ -68,8 +70,8 @@ class State:
     next_seq: int = 0
     dataplanes: immutables.Map[str, DataplaneLink] = _EMPTY
     dataplane_grace_s: float = DATAPLANE_GRACE_S
-    # Strict run affinity (the default). Off only as a benchmark ablation: runs free to move.
-    affinity: bool = True
+    # The placement rules in force (all but `headroom` by default; see `model.Rules`).
+    rules: Rules = _RULES
     # Learned from reported turns (see `learned`): token sizes over the pool, and per (class,
     # ended with tool calls, rounds finished or -1 for any) how runs come back.
     sizes: Sizes = _NO_SIZES
@@ -131,7 +133,7 @@ class Draft:
     next_seq: int
     dataplanes: immutables.Map[str, DataplaneLink]
     dataplane_grace_s: float
-    affinity: bool
+    rules: Rules
     sizes: Sizes
     comebacks: immutables.Map[ComebackKey, Comeback]
     openings: immutables.Map[str, OpeningIndex]

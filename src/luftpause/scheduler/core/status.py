@@ -13,6 +13,8 @@ from luftpause.scheduler.core.model import Phase, ServiceClass
 from luftpause.scheduler.core.placement import is_open
 from luftpause.scheduler.core.state import State
 
+_WAITS = {"r": "replica", "m": "new_run", "o": "room", "s": "single_pass"}
+
 
 def status_view(state: State, now: float) -> dict[str, Any]:
     """Replicas with load against capacity, held turns by class and caller, runs by phase."""
@@ -29,6 +31,8 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "healthy": r.healthy,
             "in_flight": r.in_flight,
             "interactive_in_flight": r.interactive_in_flight,
+            # Prompt tokens its turns in flight have yet to read (see `cost`).
+            "pending_prefill_tokens": r.pending_prefill,
             "capacity": r.capacity,
             "capped": r.capacity is not None,
             "engine_running": r.engine_running,
@@ -78,11 +82,20 @@ def status_view(state: State, now: float) -> dict[str, Any]:
         }
         for (cls, caller), (count, oldest) in sorted(groups.items())
     ]
+    # What each held turn waits for: its run's replica (pinned, or resident there), room for a
+    # new run (the KV rule may hold it), any room (held by the KV rule long enough), room on a
+    # single-pass replica, or a rate-limit budget.
+    waits = {"replica": 0, "new_run": 0, "room": 0, "single_pass": 0, "budget": 0}
+    for t in state.held.values():
+        waits[_WAITS[t.bucket[0]]] += 1
+    waits["budget"] = len(state.budget_held)
     runs: dict[str, dict[str, int]] = {str(p): {str(c): 0 for c in ServiceClass} for p in Phase}
     for run in state.runs.values():
         runs[str(run.phase)][str(run.service_class)] += 1
     sizes = state.sizes
     return {
+        # The placement rules in force (`model.Rules`; all but headroom by default).
+        "rules": {name: getattr(state.rules, name) for name in state.rules.names()},
         "replicas": replicas,
         # What the scheduler learned from reported usage (see `core.learned`).
         "learned": {
@@ -101,6 +114,7 @@ def status_view(state: State, now: float) -> dict[str, Any]:
         },
         "held": held,
         "held_total": len(state.held) + len(state.budget_held),
+        "held_waiting_for": waits,
         # Rate-limit windows: hosted endpoints' and caller keys' (see `core.gate`).
         "budgets": budgets_view(state, now),
         "runs": runs,
