@@ -2,9 +2,10 @@
 
 Shell module used by bench.flood and bench.flood_mcp. `start_engines` starts two engine
 simulators with the benchmark's GPU-class profile; `start_front` starts what an arm puts in
-front of them: sglang-router (cache_aware or round_robin), or a scheduler and a dataplane
-(luftpause; runs free to move with `--no-affinity`; without engine priority). Every process is
-stopped when the caller's exit stack closes.
+front of them: sglang-router (cache_aware or round_robin, its clients sending the engine
+priority or not), or a scheduler and a dataplane (luftpause, or an ablation with a rule switched
+off: `ABLATIONS`, or without engine priority). Every process is stopped when the caller's exit
+stack closes.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import sys
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -33,13 +35,37 @@ GPU_PROFILE = (
 )
 ARMS = (
     "router-cache_aware",
+    "router-cache_aware-priority",
     "router-round_robin",
     "luftpause-free",
     "luftpause-nopriority",
+    "luftpause-nokv",
+    "luftpause-nosoft",
+    "luftpause-noopenings",
+    "luftpause-headroom",
     "luftpause-noslots",
     "luftpause-nosaves",
     "luftpause",
 )
+# The scheduler's rules each ablation arm switches (`luftpause scheduler --without/--with`).
+ABLATIONS: dict[str, tuple[str, ...]] = {
+    "luftpause-free": ("--without", "affinity,soft_affinity"),
+    "luftpause-nokv": ("--without", "kv_rule"),
+    "luftpause-nosoft": ("--without", "soft_affinity"),
+    "luftpause-noopenings": ("--without", "openings"),
+    "luftpause-headroom": ("--with", "headroom"),
+}
+# A router arm whose clients send the engine `priority` of their turn's class in the body, as a
+# router user who knows the class would. sglang-router 0.3.2 drops the field on its way to the
+# engine (bench.router_fields shows it): the arm is kept to show that it equals plain cache_aware.
+CLIENT_PRIORITY = "-priority"
+
+
+def router_policy(arm: str) -> str:
+    """The sglang-router policy of a router arm (`router-<policy>[-priority]`)."""
+    return arm.removeprefix("router-").removesuffix(CLIENT_PRIORITY)
+
+
 # With --engine-priority (the simulated pool's default) every arm's engines schedule by the
 # request's `priority` as SGLang with --enable-priority-scheduling and
 # --schedule-low-priority-values-first does (the seed's test bed ran SGLang with priority
@@ -54,6 +80,15 @@ ENGINE_PRIORITY_ARGS = (
     "--priority-preemption-threshold",
     "10",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Front:
+    """What an arm put in front of the engines: its URL (no `/v1`), and for luftpause's arms
+    its scheduler's HTTP base URL (`/status`, `/metrics`); None for a router."""
+
+    url: str
+    scheduler: str | None = None
 
 
 async def _router(exits: AsyncExitStack, workdir: Path, policy: str, engines: list[str]) -> str:
@@ -115,6 +150,7 @@ async def start_engines(
 ) -> list[str]:
     """Two fresh engine simulators with the benchmark's profile; their base URLs."""
     engines = []
+    model_flags = tuple(getattr(args, "engine_flags", ()))
     for i in range(2):
         port = free_port()
         await _spawn(
@@ -145,7 +181,10 @@ async def start_engines(
                 "--tool-rounds",
                 str(getattr(args, "tool_calls", 3)),
                 *GPU_PROFILE,
-                *(ENGINE_PRIORITY_ARGS if args.engine_priority else ()),
+                # An engine model of the family (bench.engine_models) carries its own queue
+                # order; its flags come last and win.
+                *(ENGINE_PRIORITY_ARGS if args.engine_priority and not model_flags else ()),
+                *model_flags,
                 *extra,
             ],
             f"http://127.0.0.1:{port}/health",
@@ -163,23 +202,24 @@ async def start_front(
     probe_period: float,
     *,
     engine_priority: bool = False,
+    preemptive: bool = True,
     slots: int = 0,
     slot_saves: int = 0,
-) -> str:
-    """What the arm puts in front of `engines`: a router or scheduler + dataplane; its URL.
-
-    The URL has no `/v1`. `probe_period` is the scheduler's, in real seconds. With
-    `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY; with
-    `slots` (llama.cpp's --parallel) they but luftpause-noslots assign the engines' slots, and
-    with `slot_saves` too they but luftpause-noslots and luftpause-nosaves keep that many saved
-    slot contexts per engine (its --slot-save-path).
+) -> Front:
+    """What the arm puts in front of `engines`: a router or scheduler + dataplane.
+    `probe_period` is the scheduler's, in real seconds. With
+       `engine_priority` the luftpause arms but luftpause-nopriority send ENGINE_PRIORITY (and
+       say the engine preempts when `preemptive`); with
+       `slots` (llama.cpp's --parallel) they but luftpause-noslots assign the engines' slots, and
+       with `slot_saves` too they but luftpause-noslots and luftpause-nosaves keep that many saved
+       slot contexts per engine (its --slot-save-path).
     """
     if arm.startswith("router-"):
-        return await _router(exits, workdir, arm.split("-", 1)[1], engines)
+        return Front(await _router(exits, workdir, router_policy(arm), engines))
     priority = ""
     if engine_priority and arm != "luftpause-nopriority":
         numbers = ", ".join(f"{k}: {v}" for k, v in ENGINE_PRIORITY.items())
-        priority = f"    priority: {{{numbers}, preemptive: true}}\n"
+        priority = f"    priority: {{{numbers}, preemptive: {str(preemptive).lower()}}}\n"
     if slots and arm != "luftpause-noslots":
         priority += f"    slots: {slots}\n"
         if slot_saves and arm != "luftpause-nosaves":
@@ -193,8 +233,7 @@ async def start_front(
         )
     )
     grpc_port, http_port, dp_port = free_port(), free_port(), free_port()
-    extra = ["--probe-period", str(probe_period)]
-    extra += ["--no-affinity"] if arm == "luftpause-free" else []
+    extra = ["--probe-period", str(probe_period), *ABLATIONS.get(arm, ())]
     await _spawn(
         exits,
         workdir,
@@ -219,4 +258,4 @@ async def start_front(
         f"http://127.0.0.1:{dp_port}/health",
     )
     await asyncio.sleep(probe_period + 0.5)  # one probe period, so the scheduler saw the engines
-    return f"http://127.0.0.1:{dp_port}"
+    return Front(f"http://127.0.0.1:{dp_port}", f"http://127.0.0.1:{http_port}")

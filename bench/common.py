@@ -42,6 +42,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def rotated(arms: Sequence[str], repeat: int) -> list[str]:
+    """The arms in the order repeat `repeat` (from 0) runs them: each repeat starts one arm
+    later, so drift on a busy machine (and whatever runs first) hits every arm alike."""
+    if not arms:
+        return []
+    k = repeat % len(arms)
+    return [*arms[k:], *arms[:k]]
+
+
 def write_result(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"

@@ -23,7 +23,8 @@ Arms:
 
 The arms' processes are started by bench.arms.
 
-Both engines' running and waiting requests are sampled every 0.25 s during each window.
+Each engine's running and waiting requests, KV use and prefix-cache hits are sampled every
+0.25 s during each window (bench.engine_watch).
 Writes bench/results/flood.json (or flood_<pool>.json, or --out) and prints a Markdown table
 (bench.report). Repeats alternate arms so drift on this noisy machine hits every arm alike.
 """
@@ -32,90 +33,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import statistics
 import tempfile
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from bench.arms import ARMS, start_engines, start_front
-from bench.common import RESULTS, write_result
+from bench.arms import ARMS, CLIENT_PRIORITY, ENGINE_PRIORITY, start_engines, start_front
+from bench.common import RESULTS, rotated, write_result
+from bench.engine_watch import engine_load
 from bench.report import flood_table as table
-from luftpause.scheduler.engine_load import parse_load
+from bench.scheduler_watch import scheduler_view
 from luftpause.testkit.loadgen import Workload, run_workload
 from luftpause.testkit.stack import SIM_MODEL
-
-_LAG = "luftpause_sim_lag_seconds"
-
-
-def sim_lag(text: str) -> float | None:
-    """How late a simulator's last engine step started (real seconds), from its /metrics."""
-    for line in text.splitlines():
-        if line.startswith(_LAG):
-            with contextlib.suppress(ValueError, IndexError):
-                return float(line.split()[-1])
-    return None
-
-
-async def sample_load(engines: list[str], period: float, out: dict[str, list[float]]) -> None:
-    """Poll each engine's /metrics until cancelled: running and waiting, summed over engines,
-    and the worst simulator lag."""
-    async with aiohttp.ClientSession() as session:
-        while True:
-            running = waiting = 0
-            lags: list[float] = []
-            for url in engines:
-                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                    async with session.get(url + "/metrics") as resp:
-                        text = await resp.text()
-                        load = parse_load(text)
-                        if load is not None:
-                            running += load.running
-                            waiting += load.waiting
-                        lag = sim_lag(text)
-                        if lag is not None:
-                            lags.append(lag)
-            out["running"].append(running)
-            out["waiting"].append(waiting)
-            if lags:
-                out["lag"].append(max(lags))
-            await asyncio.sleep(period)
-
-
-@contextlib.asynccontextmanager
-async def engine_load(engines: list[str]) -> AsyncIterator[dict[str, float | None]]:
-    """Sample the engines' load while the block runs; the means land in the yielded dict."""
-    samples: dict[str, list[float]] = {"running": [], "waiting": [], "lag": []}
-    means: dict[str, float | None] = {}
-    sampler = asyncio.create_task(sample_load(engines, 0.25, samples))
-    try:
-        yield means
-    finally:
-        sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
-        means.update(load_summary(samples))
-
-
-def load_summary(samples: dict[str, list[float]]) -> dict[str, float | None]:
-    """Mean running and waiting over the window, both engines together; the simulators' mean
-    and worst lag behind their schedule (real seconds; absent for real engines)."""
-    out: dict[str, float | None] = {
-        f"engine_{key}_mean": round(statistics.fmean(vals), 2) if vals else None
-        for key, vals in samples.items()
-        if key != "lag"
-    }
-    lags = samples.get("lag", [])
-    if lags:
-        out["sim_lag_mean_s"] = round(statistics.fmean(lags), 4)
-        out["sim_lag_max_s"] = round(max(lags), 4)
-    return out
-
 
 # Per pool: the workload and engine settings an argument left unset takes. The real pool is two
 # CPU cores serving Gemma 3 270M; its workload is scaled down to what they can serve
@@ -172,7 +102,7 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             model, extra = SIM_MODEL, {}
             engines = await start_engines(exits, workdir, arm, args)
         # The probe period is 2 s of engine time: scaled like everything else simulated.
-        url = await start_front(
+        front = await start_front(
             exits,
             workdir,
             arm,
@@ -180,11 +110,12 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             model,
             2.0 / args.time_scale,
             engine_priority=args.engine_priority,
+            preemptive=getattr(args, "preemptive", True),
             slots=slots,
             slot_saves=saves,
         )
         wl = Workload(
-            base_url=url + "/v1",
+            base_url=front.url + "/v1",
             model=model,
             interactive=args.interactive,
             batch=args.batch,
@@ -198,18 +129,26 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             keep_tools=args.keep_tools,
             tool_style=args.tool_style,
             shared_prefix_chars=args.shared_prefix_chars,
+            priority=client_priority(arm, args.engine_priority),
             **extra,
         )
-        async with engine_load(engines) as load:
+        async with engine_load(engines) as load, scheduler_view(front.scheduler) as seen:
             result = await run_workload(wl)
-        return {**result["summary"], "engines": load}
+        return {**result["summary"], "engines": load, **({"scheduler": seen} if seen else {})}
+
+
+def client_priority(arm: str, engine_priority: bool) -> tuple[tuple[str, int], ...]:
+    """What the loadgen sends as `priority` in an arm whose clients send it (none otherwise)."""
+    if engine_priority and arm.startswith("router-") and arm.endswith(CLIENT_PRIORITY):
+        return tuple(sorted(ENGINE_PRIORITY.items()))
+    return ()
 
 
 def _scale(summary: dict[str, Any], time_scale: float) -> dict[str, Any]:
     """Express rates and durations in simulated time (what the engines model)."""
-    out: dict[str, Any] = {"engines": summary.get("engines", {})}
+    out: dict[str, Any] = {k: summary[k] for k in ("engines", "scheduler") if k in summary}
     for cls, s in summary.items():
-        if cls == "engines":
+        if cls in ("engines", "scheduler"):
             continue
         out[cls] = {**s, "runs_per_min": round(s["runs_per_min"] / time_scale, 2)}
         for key in ("run_time_p50_s", "run_time_p99_s", "ttft_p50_s", "ttft_p99_s"):
@@ -222,7 +161,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-flood-"))
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
     for rep in range(args.repeats):
-        for arm in args.arms:
+        for arm in rotated(args.arms, rep):
             summary = _scale(await one_arm(arm, args, workdir), args.time_scale)
             results[arm].append(summary)
             print(

@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARMS, start_engines, start_front
-from bench.common import write_result
-from bench.flood import _scale, engine_load
+from bench.common import rotated, write_result
+from bench.engine_watch import engine_load
+from bench.flood import _scale
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
 from luftpause.testkit.stack import SIM_MODEL, start_runtime
 
@@ -64,7 +65,7 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
             exits, workdir, name, args, "--tool-rounds", str(args.tool_calls)
         )
         # The probe period is 2 s of engine time: scaled like everything else simulated.
-        front = await start_front(
+        arm_front = await start_front(
             exits,
             workdir,
             arm,
@@ -73,6 +74,7 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
             2.0 / args.time_scale,
             engine_priority=args.engine_priority,
         )
+        front = arm_front.url
         rt = await start_runtime(
             exits, workdir, front, name=name, tool_seconds=1.0 / args.time_scale, model=SIM_MODEL
         )
@@ -140,7 +142,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-flood-mcp-"))
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
     for rep in range(args.repeats):
-        for arm in args.arms:
+        for arm in rotated(args.arms, rep):
             out = await one_arm(arm, rep, args, workdir)
             results[arm].append(out)
             print(

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARMS as ALL_ARMS
-from bench.common import RESULTS, write_result
+from bench.common import RESULTS, rotated, write_result
 from bench.flood import _scale, one_arm
 from bench.matrix_report import matrix_table
 
@@ -151,7 +151,7 @@ async def run_cell(cell: Cell, a: argparse.Namespace, workdir: Path) -> dict[str
     args = cell_args(cell, a)
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in a.arms}
     for rep in range(a.repeats):
-        for arm in a.arms:
+        for arm in rotated(a.arms, rep):
             summary = _scale(await one_arm(arm, args, workdir), args.time_scale)
             results[arm].append(summary)
             print(

@@ -77,7 +77,7 @@ async def test_slots_named_by_the_scheduler_keep_a_runs_context_in_llama_cpp(
     # share a preamble is near a tie.
     async with AsyncExitStack() as exits:
         [url] = await start_real_engines(exits, tmp_path, n=1, parallel=2)
-        front = await start_front(exits, tmp_path, "luftpause", [url], MODEL, 0.5, slots=2)
+        front = (await start_front(exits, tmp_path, "luftpause", [url], MODEL, 0.5, slots=2)).url
         convs = {
             run: [*GEMMA_PREAMBLE, {"role": "user", "content": f"Task: {run} " + text * 40}]
             for run, text in (
@@ -128,9 +128,11 @@ async def test_a_paused_runs_context_comes_back_from_its_saved_file(
     # tool result. Without, a reads its whole task again (the shared preamble aside).
     async with AsyncExitStack() as exits:
         [url] = await start_real_engines(exits, tmp_path, n=1, parallel=1)
-        front = await start_front(
-            exits, tmp_path, "luftpause", [url], MODEL, 0.5, slots=1, slot_saves=saves
-        )
+        front = (
+            await start_front(
+                exits, tmp_path, "luftpause", [url], MODEL, 0.5, slots=1, slot_saves=saves
+            )
+        ).url
         convs = {
             run: [
                 *GEMMA_PREAMBLE,

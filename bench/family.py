@@ -1,0 +1,245 @@
+"""Placement on engines nobody here tuned: luftpause against the best router arm on engine models
+drawn at random from the simulator's family, side by side.
+
+Run: `.venv/bin/python -m bench.family [--models 30] [--seed 26] [--named issue-sglang ...]`.
+Each engine model (bench.engine_models: SGLang-, vLLM- and llama.cpp-like engines on small and
+large GPUs, sampled, plus the named ones) runs two fresh simulators with its flags, and each arm
+runs the matrix's workload against them (48 batch and 4 interactive closed-loop agents, up to 3
+tool calls of 2 s, ~2,500-token contexts, 300 simulated seconds at `--time-scale` 10), tool rounds
+as OpenAI tool calls or as plain messages (drawn per model, or `--style`). The arms, their order
+rotated from model to model:
+
+- `router-cache_aware`: sglang-router's cache_aware policy with its defaults, the best router
+  arm: a client of sglang-router 0.3.2 cannot send the engine a priority (the router drops the
+  field, bench.router_fields), so cache_aware is what a router user runs;
+- `luftpause`: every rule on, the engine's `priority` sent where the engine has a priority queue
+  (preempting where it preempts).
+
+For each model the result keeps both arms' runs/min and cached share per class, each engine's
+load (bench.engine_watch) and what luftpause's scheduler saw (bench.scheduler_watch), and the
+ratios luftpause / router. The summary gives the distribution of the ratios and every model where
+luftpause is behind: on batch by more than 10 %, or on both classes. `--lab` runs the same in
+bench.pool_lab's virtual time instead of real processes (seconds per model, no sockets): a model
+of the pool for trying rules, not a result. Writes bench/results/family.json (or `--out`) after
+every model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import RESULTS, rotated, write_result
+from bench.engine_models import NAMED, EngineModel, sampled
+from bench.flood import _scale, one_arm
+from bench.pool_lab import LabFront, LabWorkload, run_lab
+
+ARMS = ("router-cache_aware", "luftpause")
+ROUTER = "router-cache_aware"
+BEHIND_BATCH = 0.9
+
+
+def workload_args(model: EngineModel, style: str, a: argparse.Namespace) -> argparse.Namespace:
+    """bench.flood's arguments for one engine model (the matrix's simulated workload)."""
+    return argparse.Namespace(
+        pool="sim",
+        window_s=a.window_s / a.time_scale,
+        time_scale=a.time_scale,
+        interactive=4,
+        batch=48,
+        context_chars=10_000,
+        shared_prefix_chars=0,
+        tool_calls=3,
+        tool_seconds=2.0,
+        max_tokens=64,
+        # The model's flags carry its queue order; luftpause sends priority where it has one.
+        engine_priority=model.priority,
+        preemptive=model.params.preempt_threshold is not None,
+        keep_tools=style == "openai",
+        tool_style=style,
+        seed=a.seed,
+        kv_tokens=model.params.kv_tokens,
+        max_running=model.params.max_running,
+        admission=model.params.admission,
+        stream_interval=4,
+        engine_flags=model.flags(),
+    )
+
+
+async def real_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    summary: dict[str, Any] = _scale(await one_arm(arm, args, workdir), args.time_scale)
+    return summary
+
+
+def lab_arm(model: EngineModel, arm: str, style: str, a: argparse.Namespace) -> dict[str, Any]:
+    wl = LabWorkload(
+        tool_style=style, keep_tools=style == "openai", window_s=a.window_s, seed=a.seed
+    )
+    if arm == ROUTER:
+        front = LabFront(kind="cache_aware")
+    else:
+        front = LabFront(kind="luftpause", priority=model.priority)
+    return run_lab(model.lab(), wl, front)
+
+
+def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """luftpause / router per class (runs per minute)."""
+    out: dict[str, float | None] = {}
+    for cls in ("interactive", "batch"):
+        ours = arms["luftpause"][cls]["runs_per_min"]
+        theirs = arms[ROUTER][cls]["runs_per_min"]
+        out[cls] = round(ours / theirs, 3) if theirs else None
+    return out
+
+
+def behind(r: dict[str, float | None]) -> bool:
+    """Behind on batch by more than 10 %, or behind on both classes."""
+    i, b = r["interactive"], r["batch"]
+    if b is None or i is None:
+        return False
+    return b < BEHIND_BATCH or (b < 1.0 and i < 1.0)
+
+
+def summarise(models: list[dict[str, Any]]) -> dict[str, Any]:
+    """The distribution of the ratios, the models behind, and the worst one."""
+    rows = [m for m in models if m["ratio"]["batch"] is not None]
+
+    def spread(cls: str) -> dict[str, float]:
+        vals = sorted(float(m["ratio"][cls]) for m in rows if m["ratio"][cls] is not None)
+        if not vals:
+            return {}
+        qs = statistics.quantiles(vals, n=10) if len(vals) > 1 else [vals[0]] * 9
+        return {
+            "min": vals[0],
+            "p10": round(qs[0], 3),
+            "median": round(statistics.median(vals), 3),
+            "p90": round(qs[-1], 3),
+            "max": vals[-1],
+        }
+
+    lagging = [m["name"] for m in rows if behind(m["ratio"])]
+    worst = min(rows, key=lambda m: (m["ratio"]["batch"], m["ratio"]["interactive"] or 0.0))
+    return {
+        "models": len(rows),
+        "interactive": spread("interactive"),
+        "batch": spread("batch"),
+        "behind": lagging,
+        "worst": worst["name"] if rows else None,
+    }
+
+
+def table(models: list[dict[str, Any]]) -> str:
+    """One Markdown row per model: the engine, both arms, the ratios."""
+    lines = [
+        "| model | engine | tools | router: inter / batch, cached | luftpause | ratio |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for m in models:
+        p = m["engine"]
+        engine = (
+            f"{p['admission']}, {p['prefix_cache']}/{p['block_size']}, "
+            f"{p['chunked_prefill']} {p['chunk_tokens']}, KV {p['kv_tokens'] // 1000}k, "
+            f"{p['max_running']} running, {p['prefill_ms_per_token']} ms/tok"
+        )
+        arms = m["arms"]
+        cells = []
+        for arm in (ROUTER, "luftpause"):
+            s = arms[arm]
+            cells.append(
+                f"{s['interactive']['runs_per_min']} / {s['batch']['runs_per_min']}, "
+                f"{round(100 * (s['batch']['cached_share'] or 0))} %"
+            )
+        r = m["ratio"]
+        flag = " (behind)" if behind(r) else ""
+        lines.append(
+            f"| {m['name']} | {engine} | {m['style']} | {cells[0]} | {cells[1]} | "
+            f"{r['interactive']} / {r['batch']}{flag} |"
+        )
+    return "\n".join(lines)
+
+
+def chosen_models(a: argparse.Namespace) -> list[tuple[EngineModel, str]]:
+    """The engine models to run, each with its tool style."""
+    rng = random.Random(f"style-{a.seed}")
+    out: list[tuple[EngineModel, str]] = []
+    for name in a.named:
+        out.append((NAMED[name], a.style or "openai"))
+    for m in sampled(a.sampler_seed, a.models):
+        out.append((m, a.style or rng.choice(("openai", "text"))))
+    return out
+
+
+async def main_async(a: argparse.Namespace) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix="bench-family-"))
+    models: list[dict[str, Any]] = []
+    for i, (model, style) in enumerate(chosen_models(a)):
+        args = workload_args(model, style, a)
+        arms: dict[str, dict[str, Any]] = {}
+        for arm in rotated(list(ARMS), i):
+            if a.lab:
+                arms[arm] = lab_arm(model, arm, style, a)
+            else:
+                arms[arm] = await real_arm(arm, args, workdir)
+        row = {
+            "name": model.name,
+            "family": model.family,
+            "style": style,
+            "engine": model.describe(),
+            "flags": model.flags(),
+            "arms": arms,
+            "ratio": {},
+        }
+        row["ratio"] = ratios(arms)
+        models.append(row)
+        print(
+            f"{model.name} ({style}): interactive {row['ratio']['interactive']}, batch "
+            f"{row['ratio']['batch']}{'  BEHIND' if behind(row['ratio']) else ''}",
+            flush=True,
+        )
+        payload = {
+            "benchmark": "family",
+            "lab": a.lab,
+            "args": vars(a),
+            "models": models,
+            "summary": summarise(models),
+            "table": table(models),
+            "logs": str(workdir),
+        }
+        write_result(a.out, payload)
+    return payload
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--models", type=int, default=30, help="engine models to sample")
+    p.add_argument("--sampler-seed", type=int, default=26, help="seed of the engine sampler")
+    p.add_argument(
+        "--named",
+        nargs="*",
+        default=sorted(NAMED),
+        choices=sorted(NAMED),
+        help="named engine models run first (default: all)",
+    )
+    p.add_argument("--style", choices=("openai", "text"), help="tool style (default: drawn)")
+    p.add_argument("--time-scale", type=float, default=10.0)
+    p.add_argument("--window-s", type=float, default=300.0, help="simulated seconds per arm")
+    p.add_argument("--seed", type=int, default=1, help="the workload's seed")
+    p.add_argument("--lab", action="store_true", help="virtual time (bench.pool_lab), no sockets")
+    p.add_argument("--out", default="family")
+    a = p.parse_args()
+    if a.lab and a.out == "family":
+        a.out = "family_lab"
+    out = asyncio.run(main_async(a))
+    print(out["table"])
+    print(json.dumps(out["summary"], indent=2))
+    print(f"wrote {RESULTS / (a.out + '.json')}")
+
+
+if __name__ == "__main__":
+    main()
