@@ -12,6 +12,7 @@ table at scrape time by a collector, so the run loop pays nothing for them:
     luftpause_runtime_runs_finished_total{service_class,outcome}  counter
     luftpause_runtime_tool_calls_total{tool}                      counter
     luftpause_runtime_tool_call_failures_total{tool}              counter
+    luftpause_runtime_tool_outcomes_unknown_total{then}           counter
     luftpause_runtime_budget_trips_total{kind}                    counter
     luftpause_runtime_spend_usd_total{model}                      counter
     luftpause_runtime_approval_questions_total                    counter
@@ -106,6 +107,16 @@ class RuntimeMetrics:
             ["tool"],
             registry=self.registry,
         )
+        unknown = Counter(
+            "luftpause_runtime_tool_outcomes_unknown",
+            "Tool calls sent whose outcome was unknown (a timeout, a session broken after the "
+            "request left, a restart), by what followed: resent (the tool is idempotent or "
+            "read-only), asked (the user decides), reported (the model is told it may or may "
+            "not have run), spent (resent until its time was up).",
+            ["then"],
+            registry=self.registry,
+        )
+        self._unknown = {t: unknown.labels(t) for t in ("resent", "asked", "reported", "spent")}
         trips = Counter(
             "luftpause_runtime_budget_trips",
             "Budgets found past their limit (the subtree is then cancelled), by kind.",
@@ -153,6 +164,10 @@ class RuntimeMetrics:
         self._tool_calls.labels(tool).inc()
         if not ok:
             self._tool_failures.labels(tool).inc()
+
+    def tool_unknown(self, then: str) -> None:
+        """A sent call's outcome was unknown (`toolcalls`); `then` what followed."""
+        self._unknown[then].inc()
 
     def budget_tripped(self, kind: str) -> None:
         self._trips[kind].inc()

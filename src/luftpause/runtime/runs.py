@@ -7,10 +7,16 @@ fsync'd) before the next step. Stopping the process cancels the tasks without jo
 anything, so the runs resume from the journal on the next start; `cancel` is a user's decision
 and is journaled as the run's end.
 
+A round's tool calls run concurrently (`toolcalls`), each journaled as it happens: the turn
+before its first call, each send before the request leaves, each result as it arrives (the
+round's last one as the round); a call journaled as sent whose result never was goes through
+`resend`'s rule after a restart. The records one event asks for are written as one line.
+
 Budgets (`budget`) are checked after every turn and tool round, on spawn, and by one timer per
 seconds budget; a budget past its limit is journaled, then its subtree cancelled with the reason.
 A tool call that needs approval waits on a future that `approve` (or an await's elicitation,
-see `server`) resolves; the answer is journaled before the call runs or is declined. Whom to
+see `server`) resolves; the answer is journaled before the call runs or is declined, and a call
+whose outcome was unknown is asked about again before it is sent again. Whom to
 ask when is `questions`' (the attention budget); a turn that would not fit the model's context
 window is preceded by a compaction of the run's history (`wall`), journaled like a round.
 Spawns, ends, tool calls and budget trips are counted in `metrics` where they happen.
@@ -33,7 +39,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
-from luftpause.runtime import budget, journal, spans, toolcalls
+from luftpause.runtime import budget, failpoints, forks, journal, spans
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import RequestError
 from luftpause.runtime.llm import Llm
@@ -41,7 +47,8 @@ from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
 from luftpause.runtime.outlook import Outlook
 from luftpause.runtime.questions import Questions
 from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams, UpstreamTool
+from luftpause.runtime.toolcalls import ToolCaller
+from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
 from luftpause.runtime.wall import ContextWall
 
 _TIMER_SLACK = 0.05  # past the deadline, so the subtree's seconds are over the limit, not at it
@@ -68,6 +75,8 @@ class Run:
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
     approval: Approval | None = None
+    # One question at a time: calls of a round settle concurrently and may ask again.
+    asking: asyncio.Lock = field(default_factory=asyncio.Lock)
     # With tracing on, the run's `invoke_agent` span (`spans`), ended when its task ends.
     span: Span | None = None
 
@@ -86,9 +95,11 @@ class Runtime:
         questions: Questions | None = None,
         wall: ContextWall | None = None,
         outlook: Outlook | None = None,
+        tool_timeout: float = TOOL_TIMEOUT,
     ) -> None:
         self.journal = journal_file
         self.llm = llm
+        self.caller = ToolCaller(upstreams, timeout=tool_timeout)
         self.questions = Questions(clock=clock) if questions is None else questions
         self.wall = ContextWall(llm) if wall is None else wall
         self.upstreams = upstreams
@@ -329,15 +340,12 @@ class Runtime:
         handle = run.state.spec.handle
         try:
             while (decision := m.next_decision(run.state)) is not None:
-                event: m.Event
                 if isinstance(decision, m.StartTurn):
                     if await self._stopped_before_turn(run):
                         return
-                    event = await self._turn(run.state, decision)
+                    await self._apply(run, await self._turn(run.state, decision))
                 else:
-                    results = await self._call_tools(run, decision.calls)
-                    event = m.ToolsReturned(results=results)
-                await self._apply(run, event)
+                    await self._call_tools(run, decision.calls)
                 await self._check_budget(handle)
         except asyncio.CancelledError:
             if run.cancel_reason is None:
@@ -351,12 +359,15 @@ class Runtime:
             await self._apply(run, m.TurnFailed(error=f"internal error: {exc!r}", at=self.clock()))
 
     async def _apply(self, run: Run, event: m.Event) -> None:
+        """Step the run's state, then journal what the step asks for (one line: a crash keeps
+        all of it or none) and carry out the rest."""
         handle = run.state.spec.handle
         run.state, decisions = m.step(run.state, event)
+        records = [r for d in decisions if (r := journal.record_of(handle, d)) is not None]
+        if records:
+            line = records[0] if len(records) == 1 else forks.batch_record(records)
+            await self.journal.append(line)
         for d in decisions:
-            record = journal.record_of(handle, d)
-            if record is not None:
-                await self.journal.append(record)
             if isinstance(d, m.RecordFinished):
                 run.done.set()
                 self.metrics.finished(run.state.spec.service_class, d.phase)
@@ -421,28 +432,35 @@ class Runtime:
         tools = [t.openai() for t in (await self._offered(state.spec)).values()]
         return await self.wall.turn(state, decision, tools, self.clock)
 
-    async def _call_tools(
-        self, run: Run, calls: tuple[m.ToolCall, ...]
-    ) -> tuple[m.ToolResult, ...]:
+    async def _call_tools(self, run: Run, calls: tuple[m.ToolCall, ...]) -> None:
+        """Settle every call of the round that has no result yet: questions first, in order,
+        then the calls concurrently, each result applied (and journaled) as it arrives."""
         spec = run.state.spec
         offered = await self._offered(spec)
+        approval = {c.id: _needs_approval(offered.get(c.name), c, spec) for c in calls}
         allowed: dict[str, bool] = {}
         for c in calls:
-            tool = offered.get(c.name)
-            if tool is not None and (tool.destructive or c.name in spec.approve_tools):
+            if approval[c.id] and run.state.sent_call(c.id) is None:
                 answer = run.state.approval(c.id)
                 allowed[c.id] = await self._ask(run, c) if answer is None else answer
-        results = await asyncio.gather(
-            *(
-                toolcalls.call_one(self.upstreams, c, offered)
-                if allowed.get(c.id, True)
-                else toolcalls.declined(c)
-                for c in calls
-            )
-        )
-        for r in results:
-            self.metrics.tool_called(r.name if r.name in offered else UNKNOWN_TOOL, r.ok)
-        return tuple(results)
+        side = _RunSide(self, run)
+        async with asyncio.TaskGroup() as group:
+            for c in calls:
+                settled = self._settle(side, c, offered, approval[c.id], allowed.get(c.id, True))
+                group.create_task(settled, name=f"tool call {c.id}")
+
+    async def _settle(
+        self,
+        side: _RunSide,
+        call: m.ToolCall,
+        offered: dict[str, UpstreamTool],
+        approval: bool,
+        allowed: bool,
+    ) -> None:
+        result = await self.caller.settle(side, call, offered, approval=approval, allowed=allowed)
+        failpoints.hit(failpoints.AFTER_RESULT)
+        self.metrics.tool_called(result.name if result.name in offered else UNKNOWN_TOOL, result.ok)
+        await self._apply(side.run, m.CallReturned(result=result))
 
     async def _ask(self, run: Run, call: m.ToolCall) -> bool:
         """Wait for the user's answer about one call; journal it; return it.
@@ -450,21 +468,53 @@ class Runtime:
         The approval is open before the run shows AwaitingApproval: a client that sees that
         state while the journal write is still under way can answer at once.
         """
-        pending = Approval(
-            call=call, answer=asyncio.get_running_loop().create_future(), since=self.clock()
-        )
-        run.approval = pending
-        try:
-            await self._apply(run, m.ApprovalAsked(call_id=call.id))
-            log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
-            for event in self._approval_waiters:
-                event.set()
-            allow = await pending.answer
-            await self._apply(run, m.ApprovalDecided(call_id=call.id, allow=allow))
-        finally:
-            run.approval = None
-            pending.journaled.set()
-        return allow
+        async with run.asking:
+            pending = Approval(
+                call=call, answer=asyncio.get_running_loop().create_future(), since=self.clock()
+            )
+            run.approval = pending
+            try:
+                await self._apply(run, m.ApprovalAsked(call_id=call.id))
+                log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
+                for event in self._approval_waiters:
+                    event.set()
+                allow = await pending.answer
+                await self._apply(run, m.ApprovalDecided(call_id=call.id, allow=allow))
+            finally:
+                run.approval = None
+                pending.journaled.set()
+            return allow
+
+
+@dataclass(eq=False)
+class _RunSide:
+    """A run as its tool calls see it (`toolcalls.CallSide`)."""
+
+    runtime: Runtime
+    run: Run
+
+    @property
+    def handle(self) -> str:
+        return self.run.state.spec.handle
+
+    def sent(self, call_id: str) -> m.Sent | None:
+        return self.run.state.sent_call(call_id)
+
+    async def sending(self, call: m.ToolCall, *, resendable: bool, approval: bool) -> None:
+        failpoints.hit(failpoints.BEFORE_SEND)
+        event = m.CallSending(call_id=call.id, resendable=resendable, approval=approval)
+        await self.runtime._apply(self.run, event)
+
+    async def ask_again(self, call: m.ToolCall) -> bool:
+        return await self.runtime._ask(self.run, call)
+
+    def unknown(self, then: str) -> None:
+        self.runtime.metrics.tool_unknown(then)
+
+
+def _needs_approval(tool: UpstreamTool | None, call: m.ToolCall, spec: m.RunSpec) -> bool:
+    """The call waits for the user's yes: its tool is destructive, or spawn named it."""
+    return tool is not None and (tool.destructive or call.name in spec.approve_tools)
 
 
 async def _over(runs: list[Run], mode: str) -> None:
