@@ -214,12 +214,13 @@ async def serve(
     )
     metrics = RuntimeMetrics()
     observe = metrics.journal_append.observe
+    failed = metrics.journal_failed
     windows = wall.Windows(llm, config.context_windows)
     sight = outlook.Outlook(
         prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
     )
     runtime = Runtime(
-        JournalFile(config.state_dir, observe=observe),
+        JournalFile(config.state_dir, observe=observe, on_failure=failed),
         llm,
         upstreams,
         metrics=metrics,
@@ -240,7 +241,7 @@ async def serve(
         spec = spec_from(spawn_args(args), caller, config.model)
         return await spawn_owned(runtime, spec, identity, keys)
 
-    task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe)
+    task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe, on_failure=failed)
     tasks = TasksExtension(runtime, task_file, spawn)
     await tasks.resume()
     readiness = DataplaneReadiness(config.dataplane)

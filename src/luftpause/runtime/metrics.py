@@ -18,6 +18,7 @@ table at scrape time by a collector, so the run loop pays nothing for them:
     luftpause_runtime_approval_questions_total                    counter
     luftpause_runtime_compactions_total{outcome}                  counter
     luftpause_runtime_journal_append_seconds                      histogram
+    luftpause_runtime_journal_write_failures_total{errno}         counter
 
 A tool label is the name of a tool the run was offered; a call to any other name (the model
 made it up) counts under `UNKNOWN_TOOL`, so the label's values stay the upstream catalogue's.
@@ -148,6 +149,13 @@ class RuntimeMetrics:
             buckets=_APPEND_BUCKETS,
             registry=self.registry,
         )
+        self._write_failures = Counter(
+            "luftpause_runtime_journal_write_failures",
+            "Writes (or fsyncs) of runs.jsonl or tasks.jsonl that failed and were undone, by "
+            "errno (28: no space left on device, 5: I/O error); each is tried again.",
+            ["errno"],
+            registry=self.registry,
+        )
         self.registry.register(_RunsCollector(self))
 
     def bind(self, runs: Mapping[str, HasState]) -> None:
@@ -174,6 +182,10 @@ class RuntimeMetrics:
 
     def spent(self, model: str, usd: float) -> None:
         self._spend.labels(model).inc(usd)
+
+    def journal_failed(self, errno: str) -> None:
+        """A journal write failed and was undone (`store`)."""
+        self._write_failures.labels(errno).inc()
 
     def asked(self) -> None:
         """An approval question was put to a person (`questions`)."""

@@ -41,7 +41,7 @@ from opentelemetry.trace import Span
 from luftpause.common import tracing
 from luftpause.runtime import budget, failpoints, forks, journal, spans
 from luftpause.runtime import machine as m
-from luftpause.runtime.errors import RequestError
+from luftpause.runtime.errors import JournalUnwritable, RequestError
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
 from luftpause.runtime.outlook import Outlook
@@ -153,7 +153,7 @@ class Runtime:
         entered = {h: Run(state=s) for h, s in replayed.runs.items()}
         self.runs.update(entered)  # before the write: a concurrent adopt of them is refused
         try:
-            await self.journal.append(record)
+            await self._begin(record)
         except BaseException:
             for h in entered:
                 self.runs.pop(h, None)
@@ -180,6 +180,13 @@ class Runtime:
 
     # --- tools ---
 
+    async def _begin(self, record: dict[str, Any]) -> None:
+        """Journal a record that begins runs, or refuse them (`JournalUnwritable`)."""
+        try:
+            await self.journal.append(record, retry=False)
+        except OSError as exc:
+            raise _unwritable(self.journal.failing or repr(exc)) from exc
+
     async def spawn(self, spec: m.RunSpec, *, caller_trace: str | None = None) -> str:
         """Start a run; `caller_trace` is the traceparent of the request that asked for it."""
         if spec.parent is not None:
@@ -192,7 +199,12 @@ class Runtime:
         span = self._run_span(spec, caller_trace) if tracing.enabled() else None
         if span is not None:
             spec = replace(spec, traceparent=tracing.traceparent_of(span) or None)
-        await self.journal.append(journal.spawned_record(spec))
+        try:
+            await self._begin(journal.spawned_record(spec))
+        except JournalUnwritable:
+            if span is not None:
+                span.end()
+            raise
         run = Run(state=m.start(spec), span=span)
         self.runs[spec.handle] = run
         self._start(run)
@@ -526,6 +538,13 @@ async def _over(runs: list[Run], mode: str) -> None:
     finally:
         for w in waits:
             w.cancel()
+
+
+def _unwritable(why: str) -> JournalUnwritable:
+    return JournalUnwritable(
+        f"the runtime cannot write its journal ({why}): new runs are refused until it can; runs "
+        "in progress go on to their next record and wait there"
+    )
 
 
 def new_handle() -> str:
