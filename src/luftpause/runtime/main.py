@@ -11,6 +11,9 @@ Shell module. Serves on one port:
     GET /metrics           Prometheus metrics (`metrics`); open like /health
     GET/POST /away         the away switches of the attention budget (`questions`)
 
+The state dir holds `runs.jsonl` (the runs), `tasks.jsonl` (MCP Tasks) and `attention.jsonl`
+(the attention budget's asks and the away switches).
+
 `/status` answers CORS for the origins of `--cors-origin` (`cors`), so the scheduler's status
 page can show the run tree.
 
@@ -111,7 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COMMAND",
         help='upstream MCP server over stdio, as one command line ("cmd arg ..."); repeatable',
     )
-    p.add_argument("--state-dir", default="state", help="where runs.jsonl lives")
+    p.add_argument(
+        "--state-dir",
+        default="state",
+        help="where the journals live (runs.jsonl, tasks.jsonl, attention.jsonl)",
+    )
     p.add_argument("--model", default="luftpause-sim", help="default model for spawn")
     p.add_argument("--decide-model", help="single-pass model for decide without labels")
     p.add_argument(
@@ -219,13 +226,21 @@ async def serve(
     sight = outlook.Outlook(
         prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
     )
+    attention = questions.Questions(
+        config.approvals_per_hour,
+        on_asked=metrics.asked,
+        journal_file=JournalFile(
+            config.state_dir, questions.ATTENTION_NAME, observe=observe, on_failure=failed
+        ),
+    )
+    attention.resume()
     runtime = Runtime(
         JournalFile(config.state_dir, observe=observe, on_failure=failed),
         llm,
         upstreams,
         metrics=metrics,
         outlook=sight,
-        questions=questions.Questions(config.approvals_per_hour, on_asked=metrics.asked),
+        questions=attention,
         tool_timeout=config.tool_timeout,
         wall=wall.ContextWall(
             llm,
@@ -277,6 +292,8 @@ async def serve(
         await runtime.stop()
         await sight.close()
         tasks.close()
+        if attention.journal is not None:
+            attention.journal.close()
         with contextlib.suppress(Exception):
             await serving
         await upstreams.close()
