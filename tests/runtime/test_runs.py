@@ -258,3 +258,36 @@ async def test_a_model_that_cannot_be_reached_fails_the_run_with_the_reason(
     assert summary["state"] == "failed"
     assert "APIConnectionError" in summary["error"], summary
     assert [r["state"] for r in records(tmp_path) if r["type"] == "finished"] == ["failed"]
+
+
+async def test_a_stop_lets_a_call_in_flight_return_and_be_journaled_first(
+    tmp_path: Path, model: RunningServer
+) -> None:
+    """charge is not idempotent: stopped mid-call without a grace its outcome would be unknown
+    on resume. With one, it returns, its round is journaled, and the run goes on from there."""
+    async with fake_mcp(write=0.5) as charging:
+        async with runtime_on(tmp_path, model.url, [charging.url]) as first:
+            handle = await first.spawn(spec(tools=("charge",)))
+            await until(lambda: charging.stats.in_flight["charge"] == 1)
+            await first.stop(grace=WAIT)
+            kinds = [r["type"] for r in records(tmp_path)]
+        assert kinds == ["spawned", "turn", "call", "round"]  # and no second turn began
+        async with runtime_on(tmp_path, model.url, [charging.url]) as second:
+            summary = await finish(second, handle)
+    assert summary["state"] == "finished" and summary["failedToolCalls"] == 0
+    assert charging.stats.calls["charge"] == ROUNDS
+
+
+async def test_a_call_cut_by_a_stop_without_grace_is_not_sent_again_and_the_model_is_told(
+    tmp_path: Path, model: RunningServer
+) -> None:
+    async with fake_mcp(write=1.0) as charging:
+        async with runtime_on(tmp_path, model.url, [charging.url]) as first:
+            handle = await first.spawn(spec(tools=("charge",)))
+            await until(lambda: charging.stats.in_flight["charge"] == 1)
+        async with runtime_on(tmp_path, model.url, [charging.url]) as second:
+            summary = await finish(second, handle)
+            told = second.runs[handle].state.messages[2]["content"]
+    assert summary["state"] == "finished" and summary["failedToolCalls"] == 1
+    assert "may or may not have run (the runtime stopped while the call was in flight)" in told
+    assert charging.stats.calls["charge"] == ROUNDS  # the cut one and the next round's: never twice

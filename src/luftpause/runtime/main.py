@@ -58,6 +58,7 @@ from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
 from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams
 
 _SHUTDOWN_GRACE_SECONDS = 2
+STOP_GRACE = 5.0  # seconds tool calls in flight get to return when the runtime stops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,12 +84,15 @@ class RuntimeConfig:
     scheduler_url: str | None = None
     turn_timeout: float = TURN_TIMEOUT
     tool_timeout: float = TOOL_TIMEOUT
+    stop_grace: float = STOP_GRACE
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
         if self.turn_timeout <= 0 or self.tool_timeout <= 0:
             raise ValueError("--turn-timeout and --tool-timeout must be above 0 seconds")
+        if self.stop_grace < 0:
+            raise ValueError("--stop-grace must be at least 0 seconds")
         if self.approvals_per_hour < 0 or self.keep_rounds < 0 or self.summary_tokens < 1:
             raise ValueError("approvals per hour and keep rounds must be >= 0, summary tokens >= 1")
         if self.scheduler_url is not None:
@@ -151,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="longest wait for a tool call's result, its reconnects and sends again included "
         f"(default {TOOL_TIMEOUT:g})",
     )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=STOP_GRACE,
+        metavar="SECONDS",
+        help="on SIGTERM, how long tool calls already sent may take to return and be journaled "
+        f"before the runtime stops (nothing new starts meanwhile; default {STOP_GRACE:g})",
+    )
     questions.add_arguments(p)
     wall.add_arguments(p)
     outlook.add_arguments(p)
@@ -182,6 +194,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             scheduler_url=ns.scheduler_url,
             turn_timeout=ns.turn_timeout,
             tool_timeout=ns.tool_timeout,
+            stop_grace=ns.stop_grace,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -289,7 +302,7 @@ async def serve(
         stopping.cancel()
         server.should_exit = True
         # In-flight await calls are cut by the shutdown; runs are left to resume from the journal.
-        await runtime.stop()
+        await runtime.stop(config.stop_grace)
         await sight.close()
         tasks.close()
         if attention.journal is not None:

@@ -27,6 +27,7 @@ With tracing on, a run's task runs inside its `invoke_agent` span and each tool 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -114,6 +115,9 @@ class Runtime:
         self._background: set[asyncio.Task[Any]] = set()
         self._approval_waiters: set[asyncio.Event] = set()
         self._stopping = False
+        self._calls_out = 0  # tool calls sent whose result is not journaled yet
+        self._calls_idle = asyncio.Event()
+        self._calls_idle.set()
 
     # --- lifecycle ---
 
@@ -165,9 +169,16 @@ class Runtime:
             await self._check_budget(h)
         return list(entered)
 
-    async def stop(self) -> None:
-        """Cancel every task without journaling: the runs resume on the next start."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Cancel every task without journaling: the runs resume on the next start. First, for
+        up to `grace` seconds, tool calls already sent may return and be journaled (nothing new
+        is sent and no turn begins meanwhile), so a stop does not leave their outcome unknown."""
         self._stopping = True
+        if self._calls_out and grace > 0:
+            log.info("runtime.draining", calls=self._calls_out, grace=grace)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self._calls_idle.wait()
         tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
         tasks += [*self._timers.values(), *self._background]
         for t in tasks:
@@ -353,6 +364,7 @@ class Runtime:
         try:
             while (decision := m.next_decision(run.state)) is not None:
                 if isinstance(decision, m.StartTurn):
+                    await self._held_while_stopping()
                     if await self._stopped_before_turn(run):
                         return
                     await self._apply(run, await self._turn(run.state, decision))
@@ -455,9 +467,9 @@ class Runtime:
             if approval[c.id] and run.state.sent_call(c.id) is None:
                 answer = run.state.approval(c.id)
                 allowed[c.id] = await self._ask(run, c) if answer is None else answer
-        side = _RunSide(self, run)
         async with asyncio.TaskGroup() as group:
             for c in calls:
+                side = _RunSide(self, run)
                 settled = self._settle(side, c, offered, approval[c.id], allowed.get(c.id, True))
                 group.create_task(settled, name=f"tool call {c.id}")
 
@@ -469,10 +481,35 @@ class Runtime:
         approval: bool,
         allowed: bool,
     ) -> None:
-        result = await self.caller.settle(side, call, offered, approval=approval, allowed=allowed)
-        failpoints.hit(failpoints.AFTER_RESULT)
-        self.metrics.tool_called(result.name if result.name in offered else UNKNOWN_TOOL, result.ok)
-        await self._apply(side.run, m.CallReturned(result=result))
+        try:
+            result = await self.caller.settle(
+                side, call, offered, approval=approval, allowed=allowed
+            )
+            failpoints.hit(failpoints.AFTER_RESULT)
+            tool = result.name if result.name in offered else UNKNOWN_TOOL
+            self.metrics.tool_called(tool, result.ok)
+            await self._apply(side.run, m.CallReturned(result=result))
+        finally:
+            if side.out:
+                side.out = False
+                self._calls_out -= 1
+                if not self._calls_out:
+                    self._calls_idle.set()
+
+    async def _held_while_stopping(self) -> None:
+        """While the runtime stops, nothing new begins: wait here for the stop's cancel."""
+        if self._stopping:
+            await asyncio.get_running_loop().create_future()
+
+    async def _sending(self, side: _RunSide, event: m.CallSending) -> None:
+        """Journal a send, then count the call out until its result is journaled (`stop`)."""
+        await self._held_while_stopping()
+        failpoints.hit(failpoints.BEFORE_SEND)
+        await self._apply(side.run, event)
+        if not side.out:
+            side.out = True
+            self._calls_out += 1
+            self._calls_idle.clear()
 
     async def _ask(self, run: Run, call: m.ToolCall) -> bool:
         """Wait for the user's answer about one call; journal it; return it.
@@ -500,10 +537,11 @@ class Runtime:
 
 @dataclass(eq=False)
 class _RunSide:
-    """A run as its tool calls see it (`toolcalls.CallSide`)."""
+    """A run as one of its tool calls sees it (`toolcalls.CallSide`)."""
 
     runtime: Runtime
     run: Run
+    out: bool = False  # the call was sent and its result is not journaled yet
 
     @property
     def handle(self) -> str:
@@ -513,9 +551,8 @@ class _RunSide:
         return self.run.state.sent_call(call_id)
 
     async def sending(self, call: m.ToolCall, *, resendable: bool, approval: bool) -> None:
-        failpoints.hit(failpoints.BEFORE_SEND)
         event = m.CallSending(call_id=call.id, resendable=resendable, approval=approval)
-        await self.runtime._apply(self.run, event)
+        await self.runtime._sending(self, event)
 
     async def ask_again(self, call: m.ToolCall) -> bool:
         return await self.runtime._ask(self.run, call)
