@@ -7,10 +7,11 @@ fsync'd) before the next step. Stopping the process cancels the tasks without jo
 anything, so the runs resume from the journal on the next start; `cancel` is a user's decision
 and is journaled as the run's end.
 
-A round's tool calls run concurrently (`toolcalls`), each journaled as it happens: the turn
-before its first call, each send before the request leaves, each result as it arrives (the
+A round's tool calls are `rounds`': concurrent (`toolcalls`), each journaled as it happens (the
+turn before its first call, each send before the request leaves, each result as it arrives, the
 round's last one as the round); a call journaled as sent whose result never was goes through
 `resend`'s rule after a restart. The records one event asks for are written as one line.
+Stopping first lets the calls out return for up to a grace period (`Rounds.drain`).
 
 Budgets (`budget`) are checked after every turn and tool round, on spawn, and by one timer per
 seconds budget; a budget past its limit is journaled, then its subtree cancelled with the reason.
@@ -27,7 +28,6 @@ With tracing on, a run's task runs inside its `invoke_agent` span and each tool 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -40,13 +40,14 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
-from luftpause.runtime import budget, failpoints, forks, journal, spans
+from luftpause.runtime import budget, forks, journal, spans
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import JournalUnwritable, RequestError
 from luftpause.runtime.llm import Llm
-from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.outlook import Outlook
 from luftpause.runtime.questions import Questions
+from luftpause.runtime.rounds import Rounds
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.toolcalls import ToolCaller
 from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
@@ -100,7 +101,7 @@ class Runtime:
     ) -> None:
         self.journal = journal_file
         self.llm = llm
-        self.caller = ToolCaller(upstreams, timeout=tool_timeout)
+        caller = ToolCaller(upstreams, timeout=tool_timeout)
         self.questions = Questions(clock=clock) if questions is None else questions
         self.wall = ContextWall(llm) if wall is None else wall
         self.upstreams = upstreams
@@ -115,9 +116,7 @@ class Runtime:
         self._background: set[asyncio.Task[Any]] = set()
         self._approval_waiters: set[asyncio.Event] = set()
         self._stopping = False
-        self._calls_out = 0  # tool calls sent whose result is not journaled yet
-        self._calls_idle = asyncio.Event()
-        self._calls_idle.set()
+        self.rounds: Rounds[Run] = Rounds(caller, self.metrics, self._apply, self._ask)
 
     # --- lifecycle ---
 
@@ -174,11 +173,7 @@ class Runtime:
         up to `grace` seconds, tool calls already sent may return and be journaled (nothing new
         is sent and no turn begins meanwhile), so a stop does not leave their outcome unknown."""
         self._stopping = True
-        if self._calls_out and grace > 0:
-            log.info("runtime.draining", calls=self._calls_out, grace=grace)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace):
-                    await self._calls_idle.wait()
+        await self.rounds.drain(grace)
         tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
         tasks += [*self._timers.values(), *self._background]
         for t in tasks:
@@ -364,12 +359,13 @@ class Runtime:
         try:
             while (decision := m.next_decision(run.state)) is not None:
                 if isinstance(decision, m.StartTurn):
-                    await self._held_while_stopping()
+                    await self.rounds.held_while_stopping()
                     if await self._stopped_before_turn(run):
                         return
                     await self._apply(run, await self._turn(run.state, decision))
                 else:
-                    await self._call_tools(run, decision.calls)
+                    offered = await self._offered(run.state.spec)
+                    await self.rounds.call(run, decision.calls, offered)
                 await self._check_budget(handle)
         except asyncio.CancelledError:
             if run.cancel_reason is None:
@@ -456,61 +452,6 @@ class Runtime:
         tools = [t.openai() for t in (await self._offered(state.spec)).values()]
         return await self.wall.turn(state, decision, tools, self.clock)
 
-    async def _call_tools(self, run: Run, calls: tuple[m.ToolCall, ...]) -> None:
-        """Settle every call of the round that has no result yet: questions first, in order,
-        then the calls concurrently, each result applied (and journaled) as it arrives."""
-        spec = run.state.spec
-        offered = await self._offered(spec)
-        approval = {c.id: _needs_approval(offered.get(c.name), c, spec) for c in calls}
-        allowed: dict[str, bool] = {}
-        for c in calls:
-            if approval[c.id] and run.state.sent_call(c.id) is None:
-                answer = run.state.approval(c.id)
-                allowed[c.id] = await self._ask(run, c) if answer is None else answer
-        async with asyncio.TaskGroup() as group:
-            for c in calls:
-                side = _RunSide(self, run)
-                settled = self._settle(side, c, offered, approval[c.id], allowed.get(c.id, True))
-                group.create_task(settled, name=f"tool call {c.id}")
-
-    async def _settle(
-        self,
-        side: _RunSide,
-        call: m.ToolCall,
-        offered: dict[str, UpstreamTool],
-        approval: bool,
-        allowed: bool,
-    ) -> None:
-        try:
-            result = await self.caller.settle(
-                side, call, offered, approval=approval, allowed=allowed
-            )
-            failpoints.hit(failpoints.AFTER_RESULT)
-            tool = result.name if result.name in offered else UNKNOWN_TOOL
-            self.metrics.tool_called(tool, result.ok)
-            await self._apply(side.run, m.CallReturned(result=result))
-        finally:
-            if side.out:
-                side.out = False
-                self._calls_out -= 1
-                if not self._calls_out:
-                    self._calls_idle.set()
-
-    async def _held_while_stopping(self) -> None:
-        """While the runtime stops, nothing new begins: wait here for the stop's cancel."""
-        if self._stopping:
-            await asyncio.get_running_loop().create_future()
-
-    async def _sending(self, side: _RunSide, event: m.CallSending) -> None:
-        """Journal a send, then count the call out until its result is journaled (`stop`)."""
-        await self._held_while_stopping()
-        failpoints.hit(failpoints.BEFORE_SEND)
-        await self._apply(side.run, event)
-        if not side.out:
-            side.out = True
-            self._calls_out += 1
-            self._calls_idle.clear()
-
     async def _ask(self, run: Run, call: m.ToolCall) -> bool:
         """Wait for the user's answer about one call; journal it; return it.
 
@@ -533,37 +474,6 @@ class Runtime:
                 run.approval = None
                 pending.journaled.set()
             return allow
-
-
-@dataclass(eq=False)
-class _RunSide:
-    """A run as one of its tool calls sees it (`toolcalls.CallSide`)."""
-
-    runtime: Runtime
-    run: Run
-    out: bool = False  # the call was sent and its result is not journaled yet
-
-    @property
-    def handle(self) -> str:
-        return self.run.state.spec.handle
-
-    def sent(self, call_id: str) -> m.Sent | None:
-        return self.run.state.sent_call(call_id)
-
-    async def sending(self, call: m.ToolCall, *, resendable: bool, approval: bool) -> None:
-        event = m.CallSending(call_id=call.id, resendable=resendable, approval=approval)
-        await self.runtime._sending(self, event)
-
-    async def ask_again(self, call: m.ToolCall) -> bool:
-        return await self.runtime._ask(self.run, call)
-
-    def unknown(self, then: str) -> None:
-        self.runtime.metrics.tool_unknown(then)
-
-
-def _needs_approval(tool: UpstreamTool | None, call: m.ToolCall, spec: m.RunSpec) -> bool:
-    """The call waits for the user's yes: its tool is destructive, or spawn named it."""
-    return tool is not None and (tool.destructive or call.name in spec.approve_tools)
 
 
 async def _over(runs: list[Run], mode: str) -> None:
