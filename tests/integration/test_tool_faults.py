@@ -266,16 +266,23 @@ async def test_runtime_killed_after_the_call_is_sent_never_sends_a_charge_twice(
     await both_in_flight(tools, runs)
     await runtime.kill()
     await runtime.start(faults.dataplane)
-    charge, status = [await finished(runtime, runs[t]) for t in TOOLS]
-    charged, result = one_key(tools, runs["charge"]), told(runtime, runs["charge"])
-    report("kill after send", "charge", charged, result)
-    assert (charged["received"], charged["executions"]) == (1, 1) and UNKNOWN in result
-    assert charge["failedToolCalls"] == 1
     # set_status is sent again with its key. The server cut its first execution when the
     # runtime's connection dropped (the SDK cancels a request whose client left), so the one
     # sent again runs again: harmless, the tool says it is idempotent.
+    await charge_unknown_status_twice("kill after send", tools, runtime, runs)
+
+
+async def charge_unknown_status_twice(
+    row: str, tools: ToolServer, runtime: Runtime, runs: dict[str, str]
+) -> None:
+    """charge sent once and told unknown; set_status sent again and executed again."""
+    charge, status = [await finished(runtime, runs[t]) for t in TOOLS]
+    charged, result = one_key(tools, runs["charge"]), told(runtime, runs["charge"])
+    report(row, "charge", charged, result)
+    assert (charged["received"], charged["executions"]) == (1, 1) and UNKNOWN in result
+    assert charge["failedToolCalls"] == 1
     set_, result = one_key(tools, runs["set_status"]), told(runtime, runs["set_status"])
-    report("kill after send", "set_status", set_, result)
+    report(row, "set_status", set_, result)
     assert (set_["received"], set_["executions"]) == (2, 2) and status["failedToolCalls"] == 0
 
 
@@ -308,10 +315,17 @@ async def test_runtime_killed_after_the_result_is_journaled_keeps_it(faults: Fau
         await journaled(runtime, handle, "round")
     await runtime.kill()
     await runtime.start(faults.dataplane)
+    await each_sent_once("kill after journal", tools, runtime, runs)
+
+
+async def each_sent_once(
+    row: str, tools: ToolServer, runtime: Runtime, runs: dict[str, str]
+) -> None:
+    """Every run's call sent and executed once, and answered."""
     for tool, handle in runs.items():
         summary = await finished(runtime, handle)
         counts = one_key(tools, handle)
-        report("kill after journal", tool, counts, told(runtime, handle))
+        report(row, tool, counts, told(runtime, handle))
         assert (counts["received"], counts["executions"]) == (1, 1)
         assert summary["failedToolCalls"] == 0
 
@@ -323,15 +337,8 @@ async def test_tool_server_killed_mid_call_never_runs_a_charge_twice(faults: Fau
     await both_in_flight(tools, runs)
     await tools.kill()
     await tools.start()
-    charge, status = [await finished(runtime, runs[t]) for t in TOOLS]
-    charged, result = one_key(tools, runs["charge"]), told(runtime, runs["charge"])
-    report("tool server killed mid-call", "charge", charged, result)
-    assert (charged["received"], charged["executions"]) == (1, 1) and UNKNOWN in result
-    assert charge["failedToolCalls"] == 1
-    # Its first execution died with the server: the one sent again executes again.
-    set_, result = one_key(tools, runs["set_status"]), told(runtime, runs["set_status"])
-    report("tool server killed mid-call", "set_status", set_, result)
-    assert (set_["received"], set_["executions"]) == (2, 2) and status["failedToolCalls"] == 0
+    # set_status's first execution died with the server: the one sent again executes again.
+    await charge_unknown_status_twice("tool server killed mid-call", tools, runtime, runs)
 
 
 async def test_tool_server_that_stops_answering_times_out_once(faults: Faults) -> None:
@@ -364,12 +371,7 @@ async def test_a_session_broken_before_the_send_is_reconnected_and_the_call_sent
     for handle in runs.values():
         await journaled(runtime, handle, "call")  # it is trying, with nobody there
     await tools.start()
-    for tool, handle in runs.items():
-        summary = await finished(runtime, handle)
-        counts = one_key(tools, handle)
-        report("session broken before send", tool, counts, told(runtime, handle))
-        assert (counts["received"], counts["executions"]) == (1, 1)
-        assert summary["failedToolCalls"] == 0
+    await each_sent_once("session broken before send", tools, runtime, runs)
 
 
 async def ready_tools(runtime: Runtime) -> None:

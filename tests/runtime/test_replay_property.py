@@ -5,6 +5,7 @@ Pure, no event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from hypothesis import given
@@ -33,23 +34,34 @@ def comparable(state: m.RunState) -> tuple[object, ...]:
     )
 
 
+class Journaled:
+    """A run stepped live, its records kept as the journal would hold them."""
+
+    def __init__(self, spec: m.RunSpec) -> None:
+        self.state = m.start(spec)
+        self.records = [j.spawned_record(spec)]
+
+    def checked(self, view: Callable[[m.RunState], object]) -> Callable[[m.Event], None]:
+        """Step with an event; whenever it wrote a record, replay must give the live state."""
+
+        def feed(event: m.Event) -> None:
+            self.state, decisions = m.step(self.state, event)
+            written = [r for d in decisions if (r := j.record_of("h", d)) is not None]
+            self.records.extend(written)
+            if written:
+                assert view(j.replay(self.records).runs["h"]) == view(self.state)
+
+        return feed
+
+
 @given(rounds_strategy, st.booleans())
 def test_replay_of_what_a_run_journaled_gives_the_state_it_had_when_journaling(
     rounds: list[Round], finish: bool
 ) -> None:
     """Invariant: after every step that wrote a record, replaying the records so far gives
     the live state (phase, messages, pending calls, answers, usage)."""
-    spec = m.RunSpec(handle="h", task="t", model="sim", parallel_tool_calls=True)
-    state = m.start(spec)
-    records = [j.spawned_record(spec)]
-
-    def feed(event: m.Event) -> None:
-        nonlocal state
-        state, decisions = m.step(state, event)
-        written = [r for d in decisions if (r := j.record_of("h", d)) is not None]
-        records.extend(written)
-        if written:
-            assert comparable(j.replay(records).runs["h"]) == comparable(state)
+    run = Journaled(m.RunSpec(handle="h", task="t", model="sim", parallel_tool_calls=True))
+    feed = run.checked(comparable)
 
     for n, round_ in enumerate(rounds):
         calls = tuple(
@@ -64,7 +76,7 @@ def test_replay_of_what_a_run_journaled_gives_the_state_it_had_when_journaling(
         results = tuple(m.ToolResult(call_id=c.id, name="x", content="r") for c in calls)
         feed(m.ToolsReturned(results=results))
     feed(m.TurnCompleted(content="done") if finish else m.Cancel(reason="stop"))
-    assert j.replay(records).ignored == 0
+    assert j.replay(run.records).ignored == 0
 
 
 # Each call's own story within its round; a round's stories are interleaved at random.
@@ -116,16 +128,8 @@ def test_replay_after_every_per_call_record_gives_the_live_state(rounds: Rounds)
     spec = m.RunSpec(
         handle="h", task="t", model="sim", parallel_tool_calls=True, max_tool_calls=100
     )
-    state = m.start(spec)
-    records = [j.spawned_record(spec)]
-
-    def feed(event: m.Event) -> None:
-        nonlocal state
-        state, decisions = m.step(state, event)
-        written = [r for d in decisions if (r := j.record_of("h", d)) is not None]
-        records.extend(written)
-        if written:
-            assert settled(j.replay(records).runs["h"]) == settled(state)
+    run = Journaled(spec)
+    feed = run.checked(settled)
 
     for n, (stories, steps) in enumerate(rounds):
         calls = tuple(
@@ -150,4 +154,4 @@ def test_replay_after_every_per_call_record_gives_the_live_state(rounds: Rounds)
             else:
                 feed(m.CallReturned(result=m.ToolResult(call_id=cid, name="x", content=cid)))
     feed(m.TurnCompleted(content="done"))
-    assert j.replay(records).ignored == 0
+    assert j.replay(run.records).ignored == 0
