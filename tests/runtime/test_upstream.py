@@ -249,12 +249,28 @@ async def test_closing_at_any_moment_of_opening_a_session_returns(fake: FakeMcp)
             await ups.close()
 
 
+async def test_a_stdio_server_that_exited_between_calls_is_started_again_before_the_next() -> None:
+    """The call that made it exit has an unknown outcome; the next call finds the session
+    closed before sending (it asks for the tools first), so it goes to a new child."""
+    ups = Upstreams([], [STDIO_SERVER], connect_timeout=WAIT)
+    ups.start()
+    try:
+        catalogue = await ups.catalogue()
+        left = await ups.attempt(catalogue["leave"], "leave", {}, "k1", soon())
+        done = await ups.attempt(catalogue["shout"], "shout", {"text": "hi"}, "k2", soon())
+    finally:
+        await ups.close()
+    assert left.outcome is Outcome.UNKNOWN
+    assert done.outcome is Outcome.ANSWERED and done.result is not None
+    assert result_text(done.result) == "SHOUTED HI"
+
+
 async def test_a_stdio_server_runs_as_a_child_process_and_its_tools_answer() -> None:
     ups = Upstreams([], [STDIO_SERVER], connect_timeout=WAIT)
     ups.start()
     try:
         catalogue = await ups.catalogue()
-        assert set(catalogue) == {"shout"}
+        assert set(catalogue) == {"shout", "leave"}
         assert catalogue["shout"].server == f"stdio:{STDIO_SERVER}"
         done = await ups.attempt(catalogue["shout"], "shout", {"text": "hi"}, "k", soon())
     finally:

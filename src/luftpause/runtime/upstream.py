@@ -4,8 +4,10 @@ Shell module (network I/O through the official `mcp` client). A server is a Stre
 URL or a command line run as a child process that speaks MCP over stdio (`stdio:` names it in
 the catalogue); a stdio server that exits is started again like a broken session. HTTP sessions
 run over `outbound.Departures`, which tells a request that never left from one that did (and,
-with tracing on, sends the current span's `traceparent`). Runs see the union of the servers'
-tools (the first server wins a name clash) as OpenAI function tools.
+with tracing on, sends the current span's `traceparent`); a stdio session is asked for its tools
+before each call, so a child that exited since is restarted before the call goes, not during
+it. Runs see the union of the servers' tools (the first server wins a name clash) as OpenAI
+function tools.
 
 `Upstreams.attempt` sends a call once and says how it went (`resend.Outcome`), never raising:
 ANSWERED with the server's result (or the error it returned), NOT_SENT once the call's deadline
@@ -24,13 +26,20 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, cast
 
+import anyio
 import structlog
 from mcp import Client
 from mcp.client import Transport
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
-from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, REQUEST_TIMEOUT, RequestParamsMeta
+from mcp_types import (
+    CONNECTION_CLOSED,
+    INVALID_PARAMS,
+    METHOD_NOT_FOUND,
+    REQUEST_TIMEOUT,
+    RequestParamsMeta,
+)
 from pydantic import ValidationError
 
 from luftpause.runtime import outbound, resend
@@ -40,6 +49,7 @@ CONNECT_TIMEOUT = 10.0
 TOOL_TIMEOUT = 300.0  # the longest wait for a call's result, resends and reconnects included
 _RECONNECT_DELAY = 0.5
 _NOT_SENT_PAUSE = 0.1  # between two tries of a call that did not leave, doubling up to 1 s
+_PING_TIMEOUT = 5.0  # a stdio session's check before each call
 # Errors the server returns before running anything: an answer, not an unknown outcome.
 _REFUSED = frozenset({INVALID_PARAMS, METHOD_NOT_FOUND})
 
@@ -111,6 +121,7 @@ class UpstreamServer:
         self, url: str, *, stdio: bool = False, connect_timeout: float = CONNECT_TIMEOUT
     ) -> None:
         self.url = f"stdio:{url}" if stdio else url
+        self.stdio = stdio
         self.connect_timeout = connect_timeout
         self._target: str | StdioServerParameters = url
         if stdio:
@@ -198,6 +209,9 @@ class UpstreamServer:
                 client = await self.client(left)
             except TimeoutError as exc:
                 return Attempt(outcome=Outcome.NOT_SENT, why=str(exc))
+            if self.stdio and not await self._alive(client):
+                why, tries = f"the stdio server {self.url} exited", tries + 1
+                continue
             try:
                 result = await client.call_tool(
                     name,
@@ -214,6 +228,25 @@ class UpstreamServer:
                 continue
             return Attempt(outcome=Outcome.ANSWERED, result=result)
         return Attempt(outcome=Outcome.NOT_SENT, why=why)
+
+    async def _alive(self, client: Client) -> bool:
+        """Whether a stdio session is still open (a tools/list goes through, as a ping would:
+        MCP 2026-07-28 has no ping); a closed one is dropped.
+
+        Over stdio a call to a child that exited fails like one cut mid-way; asking first tells
+        a session that broke before the call from one that broke during it."""
+        try:
+            async with asyncio.timeout(_PING_TIMEOUT):
+                await client.list_tools(cache_mode="bypass")
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                return True
+            self.reconnect(client)
+            log.info("upstream.not_sent", url=self.url, error="the session is closed")
+            return False
+        except (TimeoutError, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return True  # busy or unclear: the call itself will tell
+        return True
 
     def _outcome(self, exc: Exception, name: str, client: Client) -> Attempt:
         """What a failed send means, the session dropped where it broke."""
