@@ -49,7 +49,7 @@ CONNECT_TIMEOUT = 10.0
 TOOL_TIMEOUT = 300.0  # the longest wait for a call's result, resends and reconnects included
 _RECONNECT_DELAY = 0.5
 _NOT_SENT_PAUSE = 0.1  # between two tries of a call that did not leave, doubling up to 1 s
-_PING_TIMEOUT = 5.0  # a stdio session's check before each call
+_CHECK_TIMEOUT = 5.0  # a stdio session's check before each call
 # Errors the server returns before running anything: an answer, not an unknown outcome.
 _REFUSED = frozenset({INVALID_PARAMS, METHOD_NOT_FOUND})
 
@@ -236,7 +236,7 @@ class UpstreamServer:
         Over stdio a call to a child that exited fails like one cut mid-way; asking first tells
         a session that broke before the call from one that broke during it."""
         try:
-            async with asyncio.timeout(_PING_TIMEOUT):
+            async with asyncio.timeout(_CHECK_TIMEOUT):
                 await client.list_tools(cache_mode="bypass")
         except MCPError as exc:
             if exc.code != CONNECTION_CLOSED:
