@@ -190,6 +190,19 @@ async def stats(port: int) -> dict[str, Any]:
         return body
 
 
+async def test_a_server_that_is_down_lends_the_tools_it_listed_last_without_a_wait() -> None:
+    async with fake_mcp() as gone:
+        ups = Upstreams([gone.url], connect_timeout=WAIT * 3)
+        ups.start()
+        listed = set(await ups.catalogue())
+    try:
+        ups.servers[0].reconnect()  # its session found broken: the keeper tries again meanwhile
+        async with asyncio.timeout(WAIT):  # not the 30 s a session may take to come back
+            assert set(await ups.catalogue()) == listed
+    finally:
+        await ups.close()
+
+
 async def test_a_server_that_never_answers_leaves_the_catalogue_empty_and_says_so() -> None:
     url = f"http://127.0.0.1:{closed_port()}/mcp"
     ups = Upstreams([url], connect_timeout=0.2)

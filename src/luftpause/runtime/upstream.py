@@ -193,6 +193,10 @@ class UpstreamServer:
         self._broken.set()
 
     async def tools(self) -> list[Tool]:
+        """The server's tools; while its session is down, the ones it listed last (a turn does
+        not wait for a server that is reconnecting: a call to it waits, within its own time)."""
+        if self._client is None and self._tools is not None:
+            return list(self._tools)
         with contextlib.suppress(TimeoutError):
             await self.client()
         return list(self._tools or [])
