@@ -140,3 +140,13 @@ def test_a_turn_is_placed_once() -> None:
     with pytest.raises(ValueError, match="already placed"):
         table.turn_placed(turn("t1"), now=0.0)
     assert table.load == {"engine-a": 1}
+
+
+def test_saved_slot_files_are_in_the_snapshot_until_restored() -> None:
+    table = RunTable()
+    table.slot_saved("engine-a", "f0.bin", "run-1", now=10.0)
+    table.slot_saved("engine-a", "f1.bin", "run-2", now=12.0)
+    table.slot_saved("engine-a", "f0.bin", "run-3", now=14.0)  # overwritten: the last save
+    table.slot_restored("engine-a", "f1.bin")
+    [(saved, age)] = table.snapshot(now=20.0).saved
+    assert (saved.file, saved.run_id, age) == ("f0.bin", "run-3", 6.0)

@@ -56,3 +56,18 @@ def test_oversized_resync_leaves_out_the_longest_idle_runs_first() -> None:
     assert len(full.runs) == 202
     phases = {r.run_id: r.phase for r in full.runs}
     assert phases["paused"] == pb.RUN_PHASE_TOOL_PAUSED
+
+
+def test_a_resync_carries_the_saved_slot_files_and_a_placement_the_run_it_saves() -> None:
+    table = RunTable()
+    table.slot_saved("engine-a", "f0.bin", "run-1", now=1.0)
+    [saved] = wire.resync_request(table.snapshot(now=3.5), "dp").saved
+    assert (saved.replica_id, saved.file, saved.run_id, saved.age_seconds) == (
+        "engine-a",
+        "f0.bin",
+        "run-1",
+        2.5,
+    )
+    reply = pb.AdmitReply(replica_id="engine-a", slot_save="f0.bin", slot_save_run="run-1")
+    assert wire.placement(reply).slot_save_run == "run-1"
+    assert wire.placement(pb.AdmitReply(replica_id="engine-a")).slot_save_run is None

@@ -57,7 +57,7 @@ async def test_a_turn_refused_with_429_is_retried_after_retry_after_and_the_run_
         tools = await call(c, "tools", {})
         await spend_the_window(engine)
         out = await call(c, "run", {"task": "shout it", "maxToolCalls": 1, "timeout": 35})
-    assert [t["name"] for t in tools["tools"]] == ["shout"]
+    assert [t["name"] for t in tools["tools"]] == ["shout", "leave"]
     assert tools["tools"][0]["server"].startswith("stdio:")
     assert out["state"] == "finished" and out["result"] and out["turns"] == 2
     assert out["toolCalls"] == 1 and out["failedToolCalls"] == 0

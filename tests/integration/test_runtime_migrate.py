@@ -80,8 +80,10 @@ class Runtime:
         return flat
 
     def batches(self) -> int:
+        """Batches that begin runs (a fork's, an import's), not a turn with its first send."""
         path = self.state_dir / "runs.jsonl"
-        return path.read_bytes().count(b'"type":"batch"') if path.exists() else 0
+        data = path.read_bytes() if path.exists() else b""
+        return data.count(b'"type":"batch"') - data.count(b'"records":[{"v":2,"type":"turn"')
 
     async def tool(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
         async with asyncio.timeout(30), Client(f"{self.url}/mcp") as c:

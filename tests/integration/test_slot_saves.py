@@ -1,7 +1,8 @@
 """Saved slot contexts end to end: the openai client -> dataplane -> scheduler -> engine.
 
 The endpoint has one engine slot and two save files (`slots: 1`, `slot_saves: 2`), so every new
-turn takes the slot from whoever held it. A paused run's context is saved before another run's
+turn takes the slot from whoever held it. A scheduler killed and started again learns which run
+each file holds from the dataplane's Resync. A paused run's context is saved before another run's
 turn takes its slot, and restored before its own next turn; a finished run's is not saved. The
 simulated engine answers llama.cpp's slot calls (`--slot-saves`) and logs them in order. An
 engine started without them (no `--slot-save-path`) refuses with 501, and the turns still go.
@@ -140,3 +141,30 @@ async def test_an_engine_without_a_save_path_refuses_and_the_turns_still_go(
     calls = await engine_calls(stack)
     assert [c for c in calls if c[0] == "chat"] == [("chat", 0)] * 4
     assert await slot_actions(stack) == counts(0, 2, 0, 2)
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_restarted_scheduler_learns_the_saved_files_back_from_the_dataplane(
+    stacks: tuple[LocalStack, LocalStack],
+) -> None:
+    """c pauses on a tool, d takes the slot (c's context saved to a file); the scheduler is
+    killed and started again, the dataplane resyncs, and c's next turn still gets its context
+    back from the file."""
+    stack = stacks[0]
+    c: list[Any] = [{"role": "user", "content": "task of c " * 40}]
+    d: list[Any] = [{"role": "user", "content": "task of d " * 40}]
+    async with asyncio.timeout(60), AsyncOpenAI(base_url=stack.base_url, api_key="x") as client:
+        assert await turn(client, "run-c", c)
+        assert await turn(client, "run-d", d)
+        before = await stack.until(holds_c, "c's context saved to a file")
+        [file] = [f["file"] for f in before["replicas"][0]["saves"] if f["run"] == "run-c"]
+        await stack.procs["scheduler"].kill()
+        await stack.launcher.respawn("scheduler")
+        await stack.until(holds_c, "the restarted scheduler to know c's file (Resync)")
+        calls = len(await engine_calls(stack))
+        assert not await turn(client, "run-c", c)
+        assert ("restore", 0, file) in (await engine_calls(stack))[calls:]
+
+
+def holds_c(status: Any) -> bool:
+    return any(f["run"] == "run-c" for f in status["replicas"][0]["saves"])

@@ -1,7 +1,7 @@
 """Real servers on 127.0.0.1, in the test's own event loop, for the runtime's unit tests.
 
 `fake_mcp`: the fake MCP tool server (`luftpause.testkit.fakemcp`: lookup, deep_search,
-delete_record) under uvicorn. `engine`: the engine simulator, which answers
+delete_record, charge, set_status) under uvicorn. `engine`: the engine simulator, which answers
 /v1/chat/completions as the dataplane does, so a real `Llm` can drive runs through it (with
 tools offered it calls the first one `tool_rounds` times, then answers). `runtime_on`: a real
 `Runtime` over both, its journal under a directory the test owns. Every wait is bounded.
@@ -50,11 +50,14 @@ class _Uvicorn(uvicorn.Server):
 
 @asynccontextmanager
 async def fake_mcp(
-    *, lookup: float = 0.0, deep_search: float = 0.0, port: int = 0
+    *, lookup: float = 0.0, deep_search: float = 0.0, write: float = 0.0, port: int = 0
 ) -> AsyncIterator[FakeMcp]:
-    """The fake MCP server with fixed tool latencies (seconds), on `port` (0: any free one)."""
+    """The fake MCP server with fixed tool latencies (seconds; `write`: charge and set_status),
+    on `port` (0: any free one)."""
     config = FakeMcpConfig(
-        lookup_latency=Latency.fixed(lookup), deep_search_latency=Latency.fixed(deep_search)
+        lookup_latency=Latency.fixed(lookup),
+        deep_search_latency=Latency.fixed(deep_search),
+        write_latency=Latency.fixed(write),
     )
     stats = CallStats()
     app = build_server(config, stats).streamable_http_app(

@@ -1,9 +1,12 @@
 """A tiny MCP tool server over stdio for the runtime's tests: `python stdio_tools.py`.
 
-Its one tool, `shout`, answers at once with its input in capitals.
+`shout` answers at once with its input in capitals; `leave` ends the process without answering
+(a server that exits between calls).
 """
 
 from __future__ import annotations
+
+import os
 
 from mcp.server.mcpserver import MCPServer
 
@@ -14,6 +17,12 @@ server = MCPServer("stdio-tools")
 def shout(text: str) -> str:
     """The text in capitals."""
     return f"SHOUTED {text.upper()}"
+
+
+@server.tool()
+def leave() -> str:
+    """Exit the process at once, without an answer."""
+    os._exit(0)
 
 
 if __name__ == "__main__":

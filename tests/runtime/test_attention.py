@@ -132,3 +132,28 @@ def test_no_session_is_ever_asked_more_than_its_budget_in_any_hour(
     for session, _, at in log:
         recent = {k for s, k, t in log if s == session and at - HOUR < t <= at}
         assert len(recent) <= per_hour
+
+
+def test_replaying_the_records_of_a_state_gives_its_budget_and_switches() -> None:
+    """Invariant: `records` then `replay` keep each session's asks in the window and every
+    switch, so a restarted runtime asks no more than the hour allows."""
+    state = a.Attention(per_hour=3)
+    for at, session, key in [(10.0, "alice", "r/1"), (20.0, "bob", "r/2"), (30.0, "alice", "r/3")]:
+        state = a.asked(state, session, key, at)
+    state = a.set_away(a.set_away(state, "carol", True), a.EVERYONE, True)
+    again = a.replay(a.Attention(per_hour=3), a.records(state, 40.0))
+    for session in ("alice", "bob", "carol"):
+        assert a.view(again, session, 40.0) == a.view(state, session, 40.0)
+    assert again.asked_by("alice", 40.0) == state.asked_by("alice", 40.0)
+    assert again.away == state.away
+
+
+def test_replay_applies_asks_and_switches_in_order_and_skips_other_records() -> None:
+    records = [
+        a.away_record("alice", True),
+        {"v": 2, "type": "spawned", "run": "x"},
+        a.asked_record("bob", "r/1", 5.0),
+        a.away_record("alice", False),
+    ]
+    state = a.replay(a.Attention(), records)
+    assert not state.is_away("alice") and [x.key for x in state.asked_by("bob", 6.0)] == ["r/1"]

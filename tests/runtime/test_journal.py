@@ -9,6 +9,7 @@ import pytest
 
 from luftpause.runtime import journal as j
 from luftpause.runtime import machine as m
+from luftpause.runtime import resend
 from luftpause.runtime.store import JournalFile
 from tests.runtime.make_golden import GOLDEN, expected
 
@@ -34,7 +35,7 @@ def test_every_record_is_one_versioned_line_with_a_run_id() -> None:
     data = j.encode(j.spawned_record(SPEC))
     assert data.endswith(b"\n") and data.count(b"\n") == 1
     record = json.loads(data)
-    assert record["v"] == 1 and record["run"] == "run-1" and record["type"] == "spawned"
+    assert record["v"] == 2 and record["run"] == "run-1" and record["type"] == "spawned"
 
 
 def test_records_fed_a_byte_at_a_time_come_out_whole() -> None:
@@ -59,8 +60,8 @@ def test_a_damaged_line_in_the_middle_is_skipped() -> None:
 
 
 def test_a_record_of_another_format_version_is_refused() -> None:
-    with pytest.raises(j.JournalError, match="version 2"):
-        j.JournalDecoder().feed(b'{"v":2,"type":"spawned","run":"x"}\n')
+    with pytest.raises(j.JournalError, match="version 3; this reads 1 and 2"):
+        j.JournalDecoder().feed(b'{"v":3,"type":"spawned","run":"x"}\n')
 
 
 def test_replay_rebuilds_an_unfinished_run_at_its_last_complete_round() -> None:
@@ -169,3 +170,69 @@ def test_a_tripped_budget_and_the_cancel_it_caused_replay_to_the_same_state() ->
     assert state.exceeded == exceeded and state.phase is m.Phase.CANCELLED
     assert state.error == "budget exceeded: toolCalls 1/0" and state.ended_at == 9.0
     assert m.RunSpec.from_json(spec.to_json()) == spec
+
+
+# --- per-call records (format 2) and the format-1 journals written before them ---
+
+
+def golden_runs(name: str) -> dict[str, m.RunState]:
+    decoder = j.JournalDecoder()
+    records = decoder.feed((GOLDEN / name).read_bytes()) + decoder.flush()
+    return j.replay(records).runs
+
+
+def test_calls_sent_and_never_answered_replay_to_what_the_rule_does_with_them() -> None:
+    runs = golden_runs("calls_sent_and_never_answered.jsonl")
+    decided = {h: resend.after_unknown(sent) for h, s in runs.items() for sent in s.sent}
+    assert decided == {
+        "run-charge": resend.Next.GIVE_UP,  # charge: neither idempotent nor read-only
+        "run-status": resend.Next.SEND,  # set_status: idempotentHint
+        "run-delete": resend.Next.ASK,  # delete_record: approved once, asked again
+    }
+    unsent = runs["run-unsent"]
+    assert unsent.sent == () and unsent.phase is m.Phase.AWAITING_APPROVAL  # sent on its yes
+    assert all(s.turn_recorded for s in runs.values())  # resuming writes no second turn
+
+
+def test_a_result_that_arrived_is_kept_and_only_the_call_still_out_is_left() -> None:
+    both = golden_runs("a_parallel_round_keeps_each_result.jsonl")["run-both"]
+    assert [r.content for r in both.returned] == ["found a"]
+    assert m.next_decision(both) == m.CallTools(calls=(both.pending[1],))
+    assert both.sent_call("call_b") == m.Sent(call_id="call_b")
+
+
+def test_a_torn_result_leaves_its_call_sent_and_unanswered() -> None:
+    torn = golden_runs("a_torn_result_after_its_call.jsonl")["run-torn"]
+    assert torn.returned == () and resend.after_unknown(torn.sent[0]) is resend.Next.GIVE_UP
+
+
+def test_a_format_1_journal_written_before_per_call_records_replays_and_goes_on() -> None:
+    runs = golden_runs("format1_from_the_code_before_per_call_records.jsonl")
+    assert {h: s.phase for h, s in runs.items()} == {
+        "run-v1-done": m.Phase.FINISHED,
+        "run-v1-asked": m.Phase.AWAITING_APPROVAL,
+        "run-v1-slow": m.Phase.FINISHED,
+        "run-v1-waiting": m.Phase.AWAITING_APPROVAL,
+    }
+    asked = runs["run-v1-asked"]
+    assert asked.rounds == 1 and asked.turn_recorded and asked.sent == ()
+    # Going on: the answer, the send and the round are written in format 2 after it.
+    call_id = asked.pending[0].id
+    state, _ = m.step(asked, m.ApprovalDecided(call_id=call_id, allow=True))
+    state, ds = m.step(state, m.CallSending(call_id=call_id, approval=True))
+    [record] = [j.record_of("run-v1-asked", d) for d in ds]
+    assert record is not None and record["v"] == 2 and record["type"] == "call"
+    assert record["key"] == f"run-v1-asked/{call_id}"
+
+
+def test_a_call_record_replays_only_onto_a_call_still_out_in_its_round() -> None:
+    state = m.start(SPEC)
+    call = m.ToolCall(id="c1", name="lookup", arguments="{}")
+    state, _ = m.step(state, m.TurnCompleted(content=None, tool_calls=(call,)))
+    records = [j.spawned_record(SPEC)]
+    _, ds = m.step(state, m.CallSending(call_id="c1", resendable=True))
+    records += [r for d in ds if (r := j.record_of("run-1", d)) is not None]
+    stray = {**records[-1], "call": "c9"}
+    approved = {**records[-1], "approval": True}  # no yes was journaled for it
+    replayed = j.replay([*records, stray, approved])
+    assert replayed.ignored == 2 and replayed.runs["run-1"].sent_call("c1") is not None

@@ -125,3 +125,97 @@ def test_a_run_waiting_for_approval_can_be_cancelled() -> None:
     state, _ = m.step(state, m.Cancel(reason="budget exceeded: seconds 3.1/3", at=5.0))
     assert state.phase is m.Phase.CANCELLED and state.ended_at == 5.0
     assert "pendingApproval" not in m.summary(state)
+
+
+# --- one call at a time: sent, returned, sent again ---
+
+
+def in_round(*calls: m.ToolCall) -> m.RunState:
+    state = m.start(spec(parallel_tool_calls=True))
+    state, _ = m.step(state, m.TurnCompleted(content="go", tool_calls=calls, usage=USAGE))
+    return state
+
+
+def test_the_first_send_of_a_round_journals_its_turn_with_it_and_later_sends_alone() -> None:
+    state = in_round(call(1), call(2))
+    state, ds = m.step(state, m.CallSending(call_id="c1", resendable=True))
+    turn, sent = ds
+    assert isinstance(turn, m.RecordTurn) and turn.asking is None and turn.round == 1
+    assert turn.assistant["tool_calls"][1]["id"] == "c2" and turn.usage == USAGE
+    assert sent == m.RecordCall(call=call(1), sent=m.Sent(call_id="c1", resendable=True))
+    state, ds = m.step(state, m.CallSending(call_id="c2"))
+    assert ds == (m.RecordCall(call=call(2), sent=m.Sent(call_id="c2")),)
+    assert [x.call_id for x in state.sent] == ["c1", "c2"]
+
+
+def test_each_result_is_journaled_as_it_arrives_and_the_last_one_completes_the_round() -> None:
+    state = in_round(call(1), call(2))
+    state, _ = m.step(state, m.CallSending(call_id="c1"))
+    state, _ = m.step(state, m.CallSending(call_id="c2"))
+    state, ds = m.step(state, m.CallReturned(result=result(2)))
+    assert ds == (m.RecordResult(result=result(2)),) and state.phase is m.Phase.TOOLS
+    assert state.sent_call("c2") is None and state.result_of("c2") == result(2)
+    assert m.next_decision(state) == m.CallTools(calls=(call(1),))  # only what is still out
+    state, ds = m.step(state, m.CallReturned(result=result(1)))
+    [record] = ds
+    assert isinstance(record, m.RecordRound) and record.results == (result(1), result(2))
+    assert state.phase is m.Phase.RUNNING and state.sent == () and state.returned == ()
+    assert state.tool_calls == 2 and not state.turn_recorded
+
+
+def test_a_result_made_without_sending_journals_the_turn_before_it() -> None:
+    state = in_round(call(1), call(2, name="nope"))
+    refused = m.ToolResult(call_id="c2", name="nope", content="Error: no tool", ok=False)
+    state, ds = m.step(state, m.CallReturned(result=refused))
+    assert isinstance(ds[0], m.RecordTurn) and ds[1] == m.RecordResult(result=refused)
+
+
+def test_a_call_sent_again_counts_its_sends_and_keeps_its_hints() -> None:
+    state = in_round(call(1))
+    state, _ = m.step(state, m.CallSending(call_id="c1", resendable=True))
+    state, ds = m.step(state, m.CallSending(call_id="c1", resendable=True))
+    assert ds == (
+        m.RecordCall(call=call(1), sent=m.Sent(call_id="c1", attempts=2, resendable=True)),
+    )
+
+
+def test_a_yes_covers_one_send_so_a_call_sent_again_needs_another() -> None:
+    state = in_round(call(1, name="wipe"))
+    state, _ = m.step(state, m.ApprovalAsked(call_id="c1"))
+    state, _ = m.step(state, m.ApprovalDecided(call_id="c1", allow=True))
+    state, _ = m.step(state, m.CallSending(call_id="c1", approval=True))
+    assert state.approval("c1") is None
+    with pytest.raises(ValueError, match="needs the user's yes"):
+        m.step(state, m.CallSending(call_id="c1", approval=True))
+    state, ds = m.step(state, m.ApprovalAsked(call_id="c1"))
+    assert ds == ()  # the turn is journaled already
+    state, _ = m.step(state, m.ApprovalDecided(call_id="c1", allow=True))
+    state, _ = m.step(state, m.CallSending(call_id="c1", approval=True))
+    assert state.sent_call("c1") == m.Sent(call_id="c1", attempts=2, approval=True)
+
+
+def test_an_idempotent_calls_yes_covers_its_sends_again() -> None:
+    state = in_round(call(1, name="wipe"))
+    state, _ = m.step(state, m.ApprovalAsked(call_id="c1"))
+    state, _ = m.step(state, m.ApprovalDecided(call_id="c1", allow=True))
+    state, _ = m.step(state, m.CallSending(call_id="c1", resendable=True, approval=True))
+    state, _ = m.step(state, m.CallSending(call_id="c1", resendable=True, approval=True))
+    assert state.approval("c1") is True and state.sent_call("c1") is not None
+
+
+def test_a_call_with_its_result_is_neither_sent_nor_answered_again() -> None:
+    state = in_round(call(1), call(2))
+    state, _ = m.step(state, m.CallReturned(result=result(1)))
+    with pytest.raises(ValueError, match="has its result already"):
+        m.step(state, m.CallSending(call_id="c1"))
+    with pytest.raises(ValueError, match="has its result already"):
+        m.step(state, m.CallReturned(result=result(1)))
+    with pytest.raises(ValueError, match="no pending tool call"):
+        m.step(state, m.CallSending(call_id="c9"))
+
+
+def test_cancel_mid_round_forgets_what_was_sent() -> None:
+    state = in_round(call(1))
+    state, _ = m.step(state, m.CallSending(call_id="c1"))
+    state, _ = m.step(state, m.Cancel(reason="stop"))
+    assert state.phase is m.Phase.CANCELLED and state.sent == () and state.returned == ()

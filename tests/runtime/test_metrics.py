@@ -12,17 +12,18 @@ from typing import Any, cast
 
 import httpx
 import pytest
-from mcp.types import Tool, ToolAnnotations
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from luftpause.runtime import machine as m
 from luftpause.runtime.auth import BearerAuth
 from luftpause.runtime.cors import StatusCors
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
+from luftpause.runtime.resend import Outcome
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server
 from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams, UpstreamTool
+from luftpause.runtime.upstream import Attempt, Upstreams, UpstreamTool
 
 WAIT = 5.0
 
@@ -71,11 +72,11 @@ class MemoryTools:
     async def catalogue(self) -> dict[str, UpstreamTool]:
         return self.tools
 
-    async def call(
-        self, call: m.ToolCall, arguments: dict[str, Any], tool: UpstreamTool
-    ) -> m.ToolResult:
-        ok = call.name != "flaky"
-        return m.ToolResult(call_id=call.id, name=call.name, content="result", ok=ok)
+    async def attempt(
+        self, tool: UpstreamTool, name: str, arguments: dict[str, Any], key: str, deadline: float
+    ) -> Attempt:
+        result = CallToolResult(content=[TextContent(text="result")], is_error=name == "flaky")
+        return Attempt(outcome=Outcome.ANSWERED, result=result)
 
 
 @pytest.fixture
@@ -150,8 +151,9 @@ async def test_a_run_counts_its_spawn_its_tool_calls_by_tool_and_its_end(
 async def test_every_journal_append_is_timed(runtime: Runtime) -> None:
     handle = await runtime.spawn(spec("work"))
     await finish(runtime, handle)
-    # spawned, the round, finished
-    assert sample(runtime, "luftpause_runtime_journal_append_seconds_count") == 3
+    # spawned; the turn with lookup's send (one line), flaky's send, the invented tool's result,
+    # one of the others' results, the round with the last; finished
+    assert sample(runtime, "luftpause_runtime_journal_append_seconds_count") == 7
     assert sample(runtime, "luftpause_runtime_journal_append_seconds_sum") > 0
 
 

@@ -113,7 +113,8 @@ async def test_n_forks_of_a_finished_run_go_on_from_its_last_round_and_finish(
         assert (state.spec.budget_tokens, state.spec.service_class) == (100_000, "batch")
         assert state.spec.parent == before.spec.parent and state.spec.handle == handle
     assert runtime.runs[source].state == before  # the source is not touched
-    [batch] = [r for r in journal_of(runtime) if r["type"] == "batch"]
+    batches = [r for r in journal_of(runtime) if r["type"] == "batch"]
+    [batch] = [b for b in batches if b["records"][0]["type"] == "forked"]
     assert [r["type"] for r in batch["records"]] == ["forked"] * 3
     assert all(len(r["learned"]) == 2 and r["from"] == source for r in batch["records"])
 

@@ -15,9 +15,10 @@ from mcp import Client
 
 from luftpause.runtime import attention
 from luftpause.runtime import machine as m
-from luftpause.runtime.questions import Questions, parse_switch
+from luftpause.runtime.questions import ATTENTION_NAME, Questions, parse_switch
 from luftpause.runtime.runs import Runtime, new_handle
 from luftpause.runtime.server import build_server
+from luftpause.runtime.store import JournalFile
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 from tests.runtime.test_ask import answering
@@ -130,9 +131,9 @@ async def test_away_is_per_session_and_the_switch_for_everyone_holds_all(
     runtime: Runtime,
 ) -> None:
     questions = runtime.questions
-    questions.set_away("alice", True)
+    await questions.set_away("alice", True)
     assert questions.view("alice")["away"] and not questions.view("bob")["away"]
-    questions.set_away(attention.EVERYONE, True)
+    await questions.set_away(attention.EVERYONE, True)
     assert questions.view("bob")["away"] and questions.view("bob")["awayEveryone"]
     assert questions.switches() == {"everyone": True, "sessions": ["alice"], "perHour": 20}
 
@@ -188,3 +189,67 @@ async def test_an_answer_journaled_before_a_restart_is_never_asked_again(
             out = await tool(c, "await", {"handles": [spec.handle], "timeout": 9})
     assert asked == [] and out["runs"][0]["state"] == "finished"
     assert out["runs"][0]["failedToolCalls"] == 0
+
+
+# --- journaled: a restart keeps the hour's asks and the switches ---
+
+
+class Clock:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def __call__(self) -> float:
+        return self.at
+
+
+class Shown:
+    """A pending approval as `Questions` sees it."""
+
+    def __init__(self, call_id: str) -> None:
+        self.call = m.ToolCall(id=call_id, name="delete_record", arguments="{}")
+        self.since = 0.0
+
+
+def journaled(state_dir: Path, clock: Clock, per_hour: int = 2) -> Questions:
+    questions = Questions(
+        per_hour, clock=clock, journal_file=JournalFile(state_dir, ATTENTION_NAME)
+    )
+    questions.resume()
+    return questions
+
+
+async def test_the_hours_asks_and_the_away_switches_survive_a_restart(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    first = journaled(tmp_path, clock)
+    assert await first.ask("alice", "run-1", Shown("c1")) is None
+    clock.at = 1010.0
+    assert await first.ask("alice", "run-2", Shown("c2")) is None
+    await first.set_away("bob", True)
+    await first.set_away(attention.EVERYONE, True)
+    await first.set_away(attention.EVERYONE, False)
+    assert first.journal is not None
+    first.journal.close()
+
+    clock.at = 1020.0
+    again = journaled(tmp_path, clock)
+    held = await again.ask("alice", "run-3", Shown("c3"))
+    assert held == attention.Hold(reason="budget", until=1000.0 + attention.WINDOW)
+    assert again.view("alice")["askedLastHour"] == 2 and again.view("bob")["away"]
+    assert again.switches() == {"everyone": False, "sessions": ["bob"], "perHour": 2}
+    assert await again.ask("alice", "run-1", Shown("c1")) is None  # shown again: paid for
+    assert again.journal is not None
+    again.journal.close()
+    # Compacted on start: the two asks and bob's switch, not every record ever written.
+    lines = (tmp_path / "attention.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+
+
+async def test_an_hour_later_the_replayed_asks_no_longer_count(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    first = journaled(tmp_path, clock, per_hour=1)
+    await first.ask("alice", "run-1", Shown("c1"))
+    assert first.journal is not None
+    first.journal.close()
+    clock.at = 1000.0 + attention.WINDOW + 1
+    again = journaled(tmp_path, clock, per_hour=1)
+    assert await again.ask("alice", "run-2", Shown("c2")) is None

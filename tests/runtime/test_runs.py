@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from luftpause.runtime import llm
+from luftpause.runtime import forks, llm
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import RequestError
 from luftpause.runtime.runs import Runtime, new_handle
@@ -31,8 +31,9 @@ def spec(task: str = "find otters", **kw: Any) -> m.RunSpec:
 
 
 def records(state_dir: Path) -> list[dict[str, Any]]:
+    """The journal's records, batches taken apart."""
     lines = (state_dir / JOURNAL_NAME).read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return list(forks.expand(json.loads(line) for line in lines))
 
 
 async def until(check: Any) -> None:
@@ -74,7 +75,7 @@ async def test_a_run_calls_its_tool_each_round_then_finishes_with_the_models_ans
     assert (summary["toolCalls"], summary["failedToolCalls"], summary["turns"]) == (2, 0, 3)
     assert tools.stats.calls["lookup"] == ROUNDS
     kinds = [r["type"] for r in records(tmp_path) if r["run"] == handle]
-    assert kinds == ["spawned", "round", "round", "finished"]
+    assert kinds == ["spawned", *["turn", "call", "round"] * ROUNDS, "finished"]
 
 
 async def test_a_finished_run_answers_from_the_journal_after_a_restart(
@@ -96,11 +97,16 @@ async def test_a_run_stopped_mid_tool_call_resumes_from_the_journal_and_finishes
     async with runtime_on(tmp_path, model.url, [tools.url]) as first:
         handle = await first.spawn(spec(tools=("deep_search",)))
         await until(lambda: tools.stats.in_flight["deep_search"] == 1)
-    assert [r["type"] for r in records(tmp_path)] == ["spawned"]  # stopping journals nothing
+    # The call was journaled before it left; stopping journals nothing more.
+    assert [r["type"] for r in records(tmp_path)] == ["spawned", "turn", "call"]
     async with runtime_on(tmp_path, model.url, [tools.url], resume=False) as second:
         assert second.resume() == 1
         summary = await finish(second, handle)
     assert summary["state"] == "finished" and summary["toolCalls"] == ROUNDS
+    # deep_search is read-only: sent again with the same key, not reported as unknown.
+    assert summary["failedToolCalls"] == 0
+    first_call = records(tmp_path)[2]
+    assert [r for r in records(tmp_path) if r["type"] == "call"][1] == first_call | {"attempt": 2}
 
 
 async def test_await_any_returns_when_the_first_run_ends_and_all_waits_for_every_run(
@@ -234,9 +240,11 @@ async def test_a_child_cannot_be_spawned_under_a_parent_past_its_budget(
 
 async def test_the_tools_are_the_upstream_catalogue_described(runtime: Runtime) -> None:
     described = {t["name"]: t for t in await runtime.tools()}
-    assert set(described) == {"lookup", "deep_search", "delete_record"}
+    assert set(described) == {"lookup", "deep_search", "delete_record", "charge", "set_status"}
     assert described["delete_record"]["destructive"] is True
     assert described["lookup"]["destructive"] is False
+    assert described["lookup"]["resendable"] and described["set_status"]["resendable"]
+    assert not described["charge"]["resendable"] and not described["delete_record"]["resendable"]
 
 
 async def test_a_model_that_cannot_be_reached_fails_the_run_with_the_reason(
@@ -250,3 +258,36 @@ async def test_a_model_that_cannot_be_reached_fails_the_run_with_the_reason(
     assert summary["state"] == "failed"
     assert "APIConnectionError" in summary["error"], summary
     assert [r["state"] for r in records(tmp_path) if r["type"] == "finished"] == ["failed"]
+
+
+async def test_a_stop_lets_a_call_in_flight_return_and_be_journaled_first(
+    tmp_path: Path, model: RunningServer
+) -> None:
+    """charge is not idempotent: stopped mid-call without a grace its outcome would be unknown
+    on resume. With one, it returns, its round is journaled, and the run goes on from there."""
+    async with fake_mcp(write=0.5) as charging:
+        async with runtime_on(tmp_path, model.url, [charging.url]) as first:
+            handle = await first.spawn(spec(tools=("charge",)))
+            await until(lambda: charging.stats.in_flight["charge"] == 1)
+            await first.stop(grace=WAIT)
+            kinds = [r["type"] for r in records(tmp_path)]
+        assert kinds == ["spawned", "turn", "call", "round"]  # and no second turn began
+        async with runtime_on(tmp_path, model.url, [charging.url]) as second:
+            summary = await finish(second, handle)
+    assert summary["state"] == "finished" and summary["failedToolCalls"] == 0
+    assert charging.stats.calls["charge"] == ROUNDS
+
+
+async def test_a_call_cut_by_a_stop_without_grace_is_not_sent_again_and_the_model_is_told(
+    tmp_path: Path, model: RunningServer
+) -> None:
+    async with fake_mcp(write=1.0) as charging:
+        async with runtime_on(tmp_path, model.url, [charging.url]) as first:
+            handle = await first.spawn(spec(tools=("charge",)))
+            await until(lambda: charging.stats.in_flight["charge"] == 1)
+        async with runtime_on(tmp_path, model.url, [charging.url]) as second:
+            summary = await finish(second, handle)
+            told = second.runs[handle].state.messages[2]["content"]
+    assert summary["state"] == "finished" and summary["failedToolCalls"] == 1
+    assert "may or may not have run (the runtime stopped while the call was in flight)" in told
+    assert charging.stats.calls["charge"] == ROUNDS  # the cut one and the next round's: never twice

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from mcp.types import Tool
+from mcp.types import CallToolResult, TextContent, Tool
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -19,9 +19,10 @@ from luftpause.common import tracing
 from luftpause.runtime import journal as j
 from luftpause.runtime import machine as m
 from luftpause.runtime.llm import Llm
+from luftpause.runtime.resend import Outcome
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams, UpstreamTool
+from luftpause.runtime.upstream import Attempt, Upstreams, UpstreamTool
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 CALLER = 0xB7AD6B7169203331
@@ -55,8 +56,9 @@ class Lookup:
         tool = Tool(name="lookup", input_schema={"type": "object", "properties": {}})
         return {"lookup": UpstreamTool(server="memory", tool=tool)}
 
-    async def call(self, call: m.ToolCall, arguments: Any, tool: UpstreamTool) -> m.ToolResult:
-        return m.ToolResult(call_id=call.id, name=call.name, content="found")
+    async def attempt(self, tool: UpstreamTool, name: str, *_: Any) -> Attempt:
+        result = CallToolResult(content=[TextContent(text="found")])
+        return Attempt(outcome=Outcome.ANSWERED, result=result)
 
 
 @pytest.fixture

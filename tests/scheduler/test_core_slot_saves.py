@@ -11,7 +11,7 @@ import pytest
 from luftpause.common.config import ConfigError, Priorities, parse_config
 from luftpause.scheduler.core import slots
 from luftpause.scheduler.core.decide import decide, initial_state
-from luftpause.scheduler.core.events import Action, Place, ProbeResult, RunEnded
+from luftpause.scheduler.core.events import Action, Place, ProbeResult, Resync, RunEnded, SavedSlot
 from luftpause.scheduler.core.model import ServiceClass
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
@@ -144,3 +144,49 @@ def test_a_turn_never_saves_into_the_file_it_restores_from() -> None:
     state, actions = admit(state, "a2", "a", cls=BATCH, at=4.0)
     assert moves(actions, "a2") == (0, None, "0")
     assert state.replicas["a"].saves == ("",)
+
+
+# --- a restarted scheduler learns the files back from the dataplanes' Resync ---
+
+
+def saved(file: int, run: str, age: float = 1.0, replica: str = "a") -> SavedSlot:
+    return SavedSlot(replica=replica, file=slots.save_file("a", file), run_id=run, age_s=age)
+
+
+def test_a_placement_that_saves_names_the_run_whose_context_it_saves() -> None:
+    state = paused(saving(), "a1", "a", 1.0)
+    _, actions = admit(state, "b1", "b", at=2.0)
+    [place] = [a for a in actions if isinstance(a, Place)]
+    assert place.slot_save == slots.save_file("a", 0) and place.slot_save_run == "a"
+    state = saving()
+    _, actions = admit(state, "c1", "c", at=1.0)  # an empty slot: nothing saved, nobody named
+    assert [a.slot_save_run for a in actions if isinstance(a, Place)] == [None]
+
+
+def test_a_resync_refills_the_files_a_restarted_scheduler_knows_nothing_of() -> None:
+    state = saving()  # a scheduler just started: both files unknown
+    report = Resync(at=5.0, dataplane="dp", saved=(saved(1, "b"), saved(0, "a")))
+    state, _ = decide(state, report)
+    assert state.replicas["a"].saves == ("a", "b")
+    # The run comes back: its context is restored from its file, which is free again after.
+    state, actions = admit(state, "a2", "a", at=6.0)
+    assert moves(actions, "a2")[2] == "0" and state.replicas["a"].saves == ("", "b")
+
+
+def test_a_report_never_overwrites_a_file_the_scheduler_knows_and_the_newest_save_wins() -> None:
+    state = paused(saving(), "a1", "a", 1.0)
+    state, _ = admit(state, "b1", "b", at=2.0)  # a saved to file 0
+    report = (saved(0, "x"), saved(1, "old", age=9.0), saved(1, "new", age=2.0))
+    state, _ = decide(state, Resync(at=3.0, dataplane="dp", saved=report))
+    assert state.replicas["a"].saves == ("a", "new")
+
+
+def test_a_report_of_an_unknown_file_or_replica_is_ignored() -> None:
+    report = (
+        SavedSlot(replica="a", file="other.bin", run_id="x", age_s=0.0),
+        saved(0, "y", replica="nope"),
+        saved(1, "a"),
+        saved(0, "a"),  # a context is in one file at most
+    )
+    state, _ = decide(saving(), Resync(at=1.0, dataplane="dp", saved=report))
+    assert state.replicas["a"].saves.count("a") == 1 and "x" not in state.replicas["a"].saves

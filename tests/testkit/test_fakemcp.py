@@ -17,7 +17,15 @@ import pytest
 from mcp import Client
 from mcp.types import TextContent
 
-from luftpause.testkit.fakemcp.core import CallStats, Latency, deep_search_text, lookup_text
+from luftpause.runtime import resend
+from luftpause.testkit.fakemcp.core import (
+    CallStats,
+    KeyLedger,
+    Latency,
+    deep_search_text,
+    lookup_text,
+)
+from luftpause.testkit.fakemcp.dedup import KEY, Dedup, read_ledger
 from luftpause.testkit.fakemcp.server import (
     DEFAULT_DEEP_SEARCH_LATENCY,
     DEFAULT_LOOKUP_LATENCY,
@@ -66,10 +74,79 @@ def test_call_stats_count_started_calls_and_calls_in_flight() -> None:
     stats.started("lookup")
     stats.started("lookup")
     stats.finished("lookup")
+    tools = ("lookup", "deep_search", "delete_record", "charge", "set_status")
     assert stats.snapshot() == {
-        "calls": {"lookup": 2, "deep_search": 0, "delete_record": 0},
-        "in_flight": {"lookup": 1, "deep_search": 0, "delete_record": 0},
+        "calls": dict.fromkeys(tools, 0) | {"lookup": 2},
+        "in_flight": dict.fromkeys(tools, 0) | {"lookup": 1},
     }
+
+
+def test_the_key_ledger_answers_a_key_once_its_execution_finished() -> None:
+    ledger = KeyLedger()
+    ledger.feed({"event": "received", "key": "k", "tool": "charge"})
+    ledger.feed({"event": "started", "key": "k", "tool": "charge"})
+    assert ledger.answer("k") is None  # running: not yet an answer
+    ledger.feed({"event": "finished", "key": "k", "tool": "charge", "result": "r"})
+    ledger.feed({"event": "received", "key": "k", "tool": "charge"})
+    assert ledger.answer("k") == "r"
+    assert ledger.snapshot() == {
+        "k": {"tool": "charge", "received": 2, "executions": 1, "answered": True}
+    }
+    assert ledger.executions("charge") == 1 and ledger.executions("lookup") == 0
+
+
+def test_the_fake_servers_key_is_the_runtimes() -> None:
+    assert KEY == resend.META_KEY
+
+
+async def test_a_key_runs_once_while_a_repeat_waits_for_it_and_the_next_gets_its_result(
+    tmp_path: Path,
+) -> None:
+    dedup = Dedup(tmp_path / "ledger.jsonl")
+    gate = asyncio.Event()
+    runs: list[int] = []
+
+    async def work(n: int) -> str:
+        runs.append(n)
+        await gate.wait()
+        return f"receipt {n}"
+
+    first = asyncio.create_task(dedup.run("k", "charge", work))
+    second = asyncio.create_task(dedup.run("k", "charge", work))
+    await asyncio.sleep(0)  # both are in: one runs, one waits
+    gate.set()
+    async with asyncio.timeout(CALL_TIMEOUT):
+        assert await first == await second == "receipt 0"
+        assert await dedup.run("k", "charge", work) == "receipt 0"
+        assert await dedup.run(None, "charge", work) == "receipt 0"  # no key: runs every time
+    assert runs == [0, 0]
+    dedup.close()
+    again = read_ledger(tmp_path / "ledger.jsonl")
+    assert again.snapshot()["k"] == {
+        "tool": "charge",
+        "received": 3,
+        "executions": 1,
+        "answered": True,
+    }
+
+
+async def test_an_execution_cut_by_the_servers_death_runs_again_after_its_restart(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(
+        '{"event": "received", "key": "k", "tool": "charge"}\n'
+        '{"event": "started", "key": "k", "tool": "charge"}\n'
+        '{"event": "fini'  # torn by the kill
+    )
+    dedup = Dedup(path)
+
+    async def work(n: int) -> str:
+        return f"receipt {n}"
+
+    assert await dedup.run("k", "charge", work) == "receipt 1"
+    dedup.close()
+    assert read_ledger(path).snapshot()["k"]["executions"] == 2
 
 
 def test_arguments_fix_latencies_and_omitted_ones_keep_the_random_defaults() -> None:
@@ -162,10 +239,10 @@ def _text(result: Any) -> str:
     return block.text
 
 
-async def test_the_server_lists_its_three_tools_with_required_parameters(fake_mcp: FakeMcp) -> None:
+async def test_the_server_lists_its_tools_with_required_parameters(fake_mcp: FakeMcp) -> None:
     async with asyncio.timeout(CALL_TIMEOUT), Client(fake_mcp.mcp_url) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert set(tools) == {"lookup", "deep_search", "delete_record"}
+    assert set(tools) == {"lookup", "deep_search", "delete_record", "charge", "set_status"}
     assert tools["lookup"].input_schema["required"] == ["query"]
     assert tools["lookup"].input_schema["properties"]["query"]["type"] == "string"
     deep = tools["deep_search"].input_schema
@@ -188,6 +265,10 @@ async def test_search_tools_are_read_only_and_delete_record_is_destructive(
     assert destructive is not None
     assert destructive.read_only_hint is False
     assert destructive.destructive_hint is True
+    charge, status = tools["charge"].annotations, tools["set_status"].annotations
+    assert charge is not None and status is not None
+    assert not (charge.idempotent_hint or charge.read_only_hint or charge.destructive_hint)
+    assert status.idempotent_hint is True and not status.read_only_hint
 
 
 async def test_tools_answer_with_filler_text_about_the_query(fake_mcp: FakeMcp) -> None:
@@ -215,8 +296,38 @@ async def test_stats_count_the_calls_to_each_tool(fake_mcp: FakeMcp) -> None:
             await client.call_tool("deep_search", {"query": "c"})
         status, body = await _get(f"{fake_mcp.base_url}/stats")
     assert status == 200
-    assert body["calls"] == {"lookup": 2, "deep_search": 1, "delete_record": 0}
-    assert body["in_flight"] == {"lookup": 0, "deep_search": 0, "delete_record": 0}
+    assert body["calls"] == {
+        "lookup": 2,
+        "deep_search": 1,
+        "delete_record": 0,
+        "charge": 0,
+        "set_status": 0,
+    }
+    assert set(body["in_flight"].values()) == {0}
+
+
+async def test_a_charge_repeated_with_its_idempotency_key_is_executed_once(
+    fake_mcp: FakeMcp,
+) -> None:
+    args = {"account": "acme", "cents": 5}
+    async with asyncio.timeout(CALL_TIMEOUT):
+        async with Client(fake_mcp.mcp_url) as client:
+            first = await client.call_tool("charge", args, meta={KEY: "run-1/c1"})
+            again = await client.call_tool("charge", args, meta={KEY: "run-1/c1"})
+            other = await client.call_tool("charge", args, meta={KEY: "run-1/c2"})
+            bare = await client.call_tool("charge", args)
+        _, body = await _get(f"{fake_mcp.base_url}/stats")
+    assert _text(first) == _text(again) == "charged 5 cents to acme: receipt 0"
+    assert _text(other) == "charged 5 cents to acme: receipt 1"
+    assert _text(bare) == "charged 5 cents to acme: receipt 0"  # unkeyed: not numbered
+    assert body["calls"]["charge"] == 3
+    assert body["keys"]["run-1/c1"] == {
+        "tool": "charge",
+        "received": 2,
+        "executions": 1,
+        "answered": True,
+    }
+    assert body["keys"]["run-1/c2"]["executions"] == 1
 
 
 async def test_clients_using_the_legacy_initialize_handshake_can_call_tools(

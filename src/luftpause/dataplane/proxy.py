@@ -227,7 +227,7 @@ async def _admit_and_proxy(
     turn.started()
     if slot is not None and (placement.slot_save is not None or placement.slot_restore is not None):
         preparing = time.perf_counter()
-        await prepare_slot(
+        done = await prepare_slot(
             dp.transport,
             dp.metrics,
             dp.slot_order,
@@ -238,6 +238,10 @@ async def _admit_and_proxy(
             save=placement.slot_save,
             restore=placement.slot_restore,
         )
+        if placement.slot_restore is not None:
+            dp.runs.slot_restored(replica_id, placement.slot_restore)
+        if done.get("save") and placement.slot_save and placement.slot_save_run:
+            dp.runs.slot_saved(replica_id, placement.slot_save, placement.slot_save_run, dp.clock())
         waited += time.perf_counter() - preparing
     own = time.perf_counter() - arrived - waited
     try:

@@ -64,17 +64,31 @@ class RunRecord:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SavedFile:
+    """A slot context file this dataplane saved a run's context to (endpoint `slot_saves`)."""
+
+    replica_id: str
+    file: str
+    run_id: str
+    saved_at: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Snapshot:
-    """Runs (with their idle seconds) and turns in flight, as sent in a Resync."""
+    """Runs (with their idle seconds), turns in flight, and saved slot files (with their age),
+    as sent in a Resync."""
 
     runs: tuple[tuple[RunRecord, float], ...]
     turns: tuple[TurnRecord, ...]
+    saved: tuple[tuple[SavedFile, float], ...] = ()
 
 
 class RunTable:
-    """Runs by id and turns in flight by id, updated as turns go."""
+    """Runs by id and turns in flight by id, updated as turns go; and the slot context files
+    this dataplane saved and has not restored since, which a restarted scheduler learns back
+    from the Resync."""
 
-    __slots__ = ("idle_limit", "load", "pending", "read", "runs", "turns")
+    __slots__ = ("idle_limit", "load", "pending", "read", "runs", "saved", "turns")
 
     def __init__(self, idle_limit: float = RUN_IDLE_SECONDS) -> None:
         self.idle_limit = idle_limit
@@ -85,6 +99,18 @@ class RunTable:
         self.load: dict[str, int] = {}
         self.pending: dict[str, int] = {}
         self.read: set[str] = set()  # turns in flight whose first token came
+        # (replica id, file) -> what it holds, as this dataplane last wrote it.
+        self.saved: dict[tuple[str, str], SavedFile] = {}
+
+    def slot_saved(self, replica_id: str, file: str, run_id: str, now: float) -> None:
+        """`file` on the replica's engine now holds `run_id`'s context."""
+        self.saved[(replica_id, file)] = SavedFile(
+            replica_id=replica_id, file=file, run_id=run_id, saved_at=now
+        )
+
+    def slot_restored(self, replica_id: str, file: str) -> None:
+        """`file`'s context went back into a slot: the scheduler counts the file free again."""
+        self.saved.pop((replica_id, file), None)
 
     def turn_placed(self, turn: TurnRecord, now: float) -> None:
         """The scheduler placed `turn`: its run is generating on that replica."""
@@ -169,7 +195,8 @@ class RunTable:
             for run in self.runs.values()
             if not self._expired(run, now)
         )
-        return Snapshot(runs=runs, turns=tuple(self.turns.values()))
+        saved = tuple((f, max(now - f.saved_at, 0.0)) for f in self.saved.values())
+        return Snapshot(runs=runs, turns=tuple(self.turns.values()), saved=saved)
 
     def _expired(self, run: RunRecord, now: float) -> bool:
         return run.in_flight == 0 and now - run.since > self.idle_limit

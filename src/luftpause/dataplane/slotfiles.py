@@ -82,10 +82,11 @@ async def prepare_slot(
     slot: int,
     save: str | None,
     restore: str | None,
-) -> None:
+) -> dict[str, bool]:
     """Save `slot` to `save`, then restore `restore` into it; each only if named, and each
-    after the call on the same file placed before it.
+    after the call on the same file placed before it. Whether each named one worked.
     """
+    done: dict[str, bool] = {}
     headers = upstream_headers((), api_key)  # JSON, the engine's key, nothing of the client's
     # Both calls take their place before the first await: placement order is the order the
     # handlers resume in, so this is the order the scheduler named the files in.
@@ -101,6 +102,7 @@ async def prepare_slot(
             url = f"{replica_url.rstrip('/')}/slots/{slot}?action={action}"
             error = await _post(transport, url, headers, filename)
             metrics.slot_action(action, error is None)
+            done[action] = error is None
             if error is not None:
                 log.warning(
                     f"slot {action} failed",
@@ -113,6 +115,7 @@ async def prepare_slot(
     finally:  # cancelled (the client left): release every place this turn took
         for _, filename, _, left in steps:
             order.finish(replica_id, filename, left)
+    return done
 
 
 async def _wait(before: asyncio.Future[None]) -> None:

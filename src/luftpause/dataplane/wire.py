@@ -55,6 +55,8 @@ class Placement:
     # context from that one; None for neither.
     slot_save: str | None = None
     slot_restore: str | None = None
+    # With `slot_save`: the run whose context the slot holds (the file holds it once saved).
+    slot_save_run: str | None = None
 
 
 def admit_request(
@@ -120,6 +122,7 @@ def placement(reply: pb.AdmitReply) -> Placement:
         engine_slot=reply.engine_slot if reply.HasField("engine_slot") else None,
         slot_save=reply.slot_save if reply.HasField("slot_save") else None,
         slot_restore=reply.slot_restore if reply.HasField("slot_restore") else None,
+        slot_save_run=reply.slot_save_run if reply.HasField("slot_save_run") else None,
     )
 
 
@@ -242,6 +245,10 @@ def resync_request(
     request = pb.ResyncRequest(
         dataplane_id=dataplane_id,
         turns=[_turn_snapshot(turn) for turn in snapshot.turns],
+        saved=[
+            pb.SavedSlotFile(replica_id=f.replica_id, file=f.file, run_id=f.run_id, age_seconds=age)
+            for f, age in snapshot.saved
+        ],
     )
     runs = [_run_snapshot(run, idle) for run, idle in snapshot.runs]
     budget = max_bytes - request.ByteSize()

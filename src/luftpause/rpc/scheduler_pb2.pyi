@@ -104,7 +104,7 @@ class OpeningKey(_message.Message):
     def __init__(self, hash: _Optional[int] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class AdmitReply(_message.Message):
-    __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority", "engine_slot", "slot_save", "slot_restore")
+    __slots__ = ("turn_id", "replica_id", "replica_url", "held_ms", "engine_priority", "engine_slot", "slot_save", "slot_restore", "slot_save_run")
     TURN_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_URL_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class AdmitReply(_message.Message):
     ENGINE_SLOT_FIELD_NUMBER: _ClassVar[int]
     SLOT_SAVE_FIELD_NUMBER: _ClassVar[int]
     SLOT_RESTORE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_SAVE_RUN_FIELD_NUMBER: _ClassVar[int]
     turn_id: str
     replica_id: str
     replica_url: str
@@ -121,7 +122,8 @@ class AdmitReply(_message.Message):
     engine_slot: int
     slot_save: str
     slot_restore: str
-    def __init__(self, turn_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_url: _Optional[str] = ..., held_ms: _Optional[float] = ..., engine_priority: _Optional[int] = ..., engine_slot: _Optional[int] = ..., slot_save: _Optional[str] = ..., slot_restore: _Optional[str] = ...) -> None: ...
+    slot_save_run: str
+    def __init__(self, turn_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., replica_url: _Optional[str] = ..., held_ms: _Optional[float] = ..., engine_priority: _Optional[int] = ..., engine_slot: _Optional[int] = ..., slot_save: _Optional[str] = ..., slot_restore: _Optional[str] = ..., slot_save_run: _Optional[str] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
@@ -285,15 +287,29 @@ class TurnSnapshot(_message.Message):
     caller: str
     def __init__(self, turn_id: _Optional[str] = ..., run_id: _Optional[str] = ..., replica_id: _Optional[str] = ..., model: _Optional[str] = ..., service_class: _Optional[_Union[ServiceClass, str]] = ..., caller: _Optional[str] = ...) -> None: ...
 
+class SavedSlotFile(_message.Message):
+    __slots__ = ("replica_id", "file", "run_id", "age_seconds")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    FILE_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    file: str
+    run_id: str
+    age_seconds: float
+    def __init__(self, replica_id: _Optional[str] = ..., file: _Optional[str] = ..., run_id: _Optional[str] = ..., age_seconds: _Optional[float] = ...) -> None: ...
+
 class ResyncRequest(_message.Message):
-    __slots__ = ("dataplane_id", "runs", "turns")
+    __slots__ = ("dataplane_id", "runs", "turns", "saved")
     DATAPLANE_ID_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
     TURNS_FIELD_NUMBER: _ClassVar[int]
+    SAVED_FIELD_NUMBER: _ClassVar[int]
     dataplane_id: str
     runs: _containers.RepeatedCompositeFieldContainer[RunSnapshot]
     turns: _containers.RepeatedCompositeFieldContainer[TurnSnapshot]
-    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ...) -> None: ...
+    saved: _containers.RepeatedCompositeFieldContainer[SavedSlotFile]
+    def __init__(self, dataplane_id: _Optional[str] = ..., runs: _Optional[_Iterable[_Union[RunSnapshot, _Mapping]]] = ..., turns: _Optional[_Iterable[_Union[TurnSnapshot, _Mapping]]] = ..., saved: _Optional[_Iterable[_Union[SavedSlotFile, _Mapping]]] = ...) -> None: ...
 
 class ResyncReply(_message.Message):
     __slots__ = ("runs", "turns")

@@ -120,7 +120,7 @@ async def covering_wait(
         held = None
         if pending:
             handle, approval = pending[0]
-            held = runtime.questions.ask(session, handle, approval)
+            held = await runtime.questions.ask(session, handle, approval)
             if held is None and modern:
                 return _input_required(handle, approval, request_state)
             if held is None:

@@ -15,13 +15,22 @@ polled) costs nothing more, and counts from its latest showing. A session may as
 `per_hour` 0 means never ask: every question waits for the `approve` tool. Past the budget, a
 question waits until the oldest ask in the window leaves it (`Hold.until`); under an away switch
 it waits until the switch is off (`until` None). Waiting questions are asked oldest first.
+
+The shell journals each ask and each switch (`attention.jsonl`, format 2 like the run journal):
+
+    {"v":2,"type":"asked","session":S,"key":"<run>/<call>","at":T}
+    {"v":2,"type":"away","session":S|"*","on":true|false}
+
+and `replay` folds them through `asked` and `set_away`, so a restarted runtime holds the same
+budget and switches. `records` writes a state back as the fewest records that replay to it
+(the shell compacts the file with it on start).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 WINDOW = 3600.0
 DEFAULT_PER_HOUR = 20
@@ -97,6 +106,36 @@ def set_away(attention: Attention, session: str, on: bool) -> Attention:
     """The away switch of `session` (or of `EVERYONE`) on or off."""
     away = attention.away | {session} if on else attention.away - {session}
     return replace(attention, away=frozenset(away))
+
+
+VERSION = 2  # the run journal's format (`journal.VERSION`), whose decoder reads this file
+
+
+def asked_record(session: str, key: str, at: float) -> dict[str, Any]:
+    return {"v": VERSION, "type": "asked", "session": session, "key": key, "at": at}
+
+
+def away_record(session: str, on: bool) -> dict[str, Any]:
+    return {"v": VERSION, "type": "away", "session": session, "on": on}
+
+
+def replay(attention: Attention, records: Iterable[dict[str, Any]]) -> Attention:
+    """`attention` (its budget and window as configured now) with the journaled asks and
+    switches applied in order; records of another kind are skipped."""
+    for r in records:
+        if r.get("type") == "asked":
+            attention = asked(attention, str(r["session"]), str(r["key"]), float(r["at"]))
+        elif r.get("type") == "away":
+            attention = set_away(attention, str(r["session"]), bool(r["on"]))
+    return attention
+
+
+def records(attention: Attention, now: float) -> list[dict[str, Any]]:
+    """The fewest records that replay to `attention`'s asks still in the window at `now` and
+    its switches."""
+    asks = sorted((a.at, s, a.key) for s, _ in attention.asks for a in attention.asked_by(s, now))
+    out = [asked_record(s, key, at) for at, s, key in asks]
+    return out + [away_record(s, True) for s in sorted(attention.away)]
 
 
 def view(attention: Attention, session: str, now: float) -> dict[str, object]:

@@ -167,7 +167,7 @@ def _checked(doc: dict[str, Any]) -> Bundle:
     )
     handles = set(claimed.handles)
     for r in records:
-        if r.get("v") != journal.VERSION or not isinstance(r.get("type"), str):
+        if r.get("v") not in journal.READS or not isinstance(r.get("type"), str):
             raise ValueError(f"record {r.get('type')!r} of version {r.get('v')!r}")
         if r["type"] == "batch":
             raise ValueError("a bundle's records are plain records (no batch)")

@@ -5,7 +5,9 @@ Pure module. Tree::
     RuntimeServiceError          code, retryable
     ├── TurnError                a model turn failed for good (the run fails with it)
     │   └── ContextOverflow      the engine said the prompt does not fit its context window
-    └── RequestError             a tool call to the runtime was malformed (unknown handle, ...)
+    └── RequestError             a tool call to the runtime was refused: malformed (unknown
+        │                        handle, ...), or
+        └── JournalUnwritable    the journal cannot be written now, so no run may begin (retry)
 """
 
 from __future__ import annotations
@@ -40,3 +42,11 @@ class ContextOverflow(TurnError):
 
 class RequestError(RuntimeServiceError):
     code = "bad_request"
+
+
+class JournalUnwritable(RequestError):
+    """The journal's last write failed (a full disk, a failed fsync) and has not succeeded
+    since: a new run could not be journaled, so none begins until it can."""
+
+    code = "journal_unwritable"
+    retryable = True

@@ -11,7 +11,7 @@ complete) is not copied: the fork takes its own next turn, and its calls get the
 which are the fork's alone (a call is known by its run's handle and its id, never by the id
 alone). The source is not touched.
 
-Two journal records (format 1, beside `journal`'s):
+Two journal records (format 1 on, beside `journal`'s):
 
     {"v":1,"type":"forked","run":H,"from":SOURCE,"round":N,"spec":{...},
      "history":{"messages":[...],"toolCalls":C,"failedToolCalls":F,"toolSeconds":S,
@@ -38,7 +38,7 @@ from typing import Any
 
 from luftpause.runtime import machine as m
 
-VERSION = 1  # the journal's format version (`journal.VERSION`)
+VERSION = 2  # the journal's format version written (`journal.VERSION`)
 MAX_FORKS = 16
 STARTS = frozenset({"spawned", "forked"})  # the record types that begin a run
 

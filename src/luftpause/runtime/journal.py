@@ -1,8 +1,13 @@
 """The run journal's format, its incremental parser and replay.
 
-Pure module: no I/O (the file is `store`'s); imports `machine`, `forks` and `compaction` only.
+Pure module: no I/O (the file is `store`'s); imports `machine`, `forks`, `compaction` and
+`resend` only.
 `runs.jsonl` holds one JSON object per line, each ending in a newline; every record carries the
-format version `"v": 1`, its `type` and the run's handle `run`:
+format version `"v"`, its `type` and the run's handle `run`. This code writes format 2 and reads
+formats 1 and 2 (`READS`); a runtime that reads only format 1 refuses a format-2 journal instead
+of ignoring its per-call records and sending calls twice. Format 2 is format 1 (shown below with
+`"v":1`) plus the `call` and `result` records, and a `turn` record before the first call of every
+round with tool calls (format 1 wrote it only for a call awaiting approval):
 
     {"v":1,"type":"spawned","run":H,"spec":{...spawn's arguments, caller...}}
     {"v":1,"type":"round","run":H,"round":N,"assistant":{...},"results":[...],"usage":{...}}
@@ -27,8 +32,23 @@ run's model, `money`) when given; optional likewise (a spec without a price cost
 An `exceeded` record carries `"predicted"` (the next turn's predicted seconds) when a seconds
 budget stopped a run before a turn it could not finish; optional likewise.
 
-A `turn` record is written only for a turn with a call that waits for the user's approval,
-before the first question of its round; the round record that completes it follows later.
+A `turn` record is written before the first of its calls is asked about, sent or answered
+(format 1: only for a call that waits for the user's approval, before its first question, with
+`asking` that call; in format 2 `asking` is null unless a question came first); the round record
+that completes it follows later. Then, per call (format 2):
+
+    {"v":2,"type":"call","run":H,"call":ID,"tool":NAME,"key":KEY,"attempt":N,
+     "resendable":true|false,"approval":true|false}
+    {"v":2,"type":"result","run":H,"call":ID,"name":NAME,"content":TEXT,"ok":B,"seconds":S}
+
+`call` is written (and fsync'd) before the call's request leaves, each time it is sent; `key`
+is the idempotency key the request carries (`resend`), `resendable` whether its tool declared
+idempotentHint or readOnlyHint and `approval` whether it needed the user's yes, both as known
+then, so what replay does with a call sent and never answered is decided by the journal alone
+(`resend.after_unknown`). `result` is written when a call's result arrives while others of its
+round are still out; the round's last result is written as the complete `round` record (which
+holds every result). Replay keeps every result journaled: a restart sends only calls never sent,
+and applies the rule to calls sent without a result.
 
     {"v":1,"type":"compacted","run":H,"rounds":[FIRST,THROUGH],"summary":TEXT|null,
      "window":W|null,"estimate":T,"usage":{...}}
@@ -48,13 +68,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from luftpause.runtime import compaction, forks
+from luftpause.runtime import compaction, forks, resend
 from luftpause.runtime import machine as m
 
-VERSION = 1
+VERSION = 2
+READS = frozenset({1, 2})  # the format versions replay understands
 
 
 class JournalError(ValueError):
@@ -91,17 +112,18 @@ def spawned_record(spec: m.RunSpec) -> dict[str, Any]:
     return {"v": VERSION, "type": "spawned", "run": spec.handle, "spec": spec.to_json()}
 
 
+def _result_json(r: m.ToolResult) -> dict[str, Any]:
+    return {
+        "id": r.call_id,
+        "name": r.name,
+        "content": r.content,
+        "ok": r.ok,
+        "seconds": round(r.seconds, 6),
+    }
+
+
 def round_record(handle: str, d: m.RecordRound) -> dict[str, Any]:
-    results = [
-        {
-            "id": r.call_id,
-            "name": r.name,
-            "content": r.content,
-            "ok": r.ok,
-            "seconds": round(r.seconds, 6),
-        }
-        for r in d.results
-    ]
+    results = [_result_json(r) for r in d.results]
     return {
         "v": VERSION,
         "type": "round",
@@ -136,6 +158,25 @@ def turn_record(handle: str, d: m.RecordTurn) -> dict[str, Any]:
         "usage": _usage_json(d.usage),
         "asking": d.asking,
     }
+
+
+def call_record(handle: str, d: m.RecordCall) -> dict[str, Any]:
+    return {
+        "v": VERSION,
+        "type": "call",
+        "run": handle,
+        "call": d.call.id,
+        "tool": d.call.name,
+        "key": resend.idempotency_key(handle, d.call.id),
+        "attempt": d.sent.attempts,
+        "resendable": d.sent.resendable,
+        "approval": d.sent.approval,
+    }
+
+
+def result_record(handle: str, d: m.RecordResult) -> dict[str, Any]:
+    body = _result_json(d.result)
+    return {"v": VERSION, "type": "result", "run": handle, "call": body.pop("id"), **body}
 
 
 def approval_record(handle: str, d: m.RecordApproval) -> dict[str, Any]:
@@ -175,6 +216,10 @@ def record_of(handle: str, d: m.Decision) -> dict[str, Any] | None:
         return finished_record(handle, d)
     if isinstance(d, m.RecordTurn):
         return turn_record(handle, d)
+    if isinstance(d, m.RecordCall):
+        return call_record(handle, d)
+    if isinstance(d, m.RecordResult):
+        return result_record(handle, d)
     if isinstance(d, m.RecordApproval):
         return approval_record(handle, d)
     if isinstance(d, m.RecordExceeded):
@@ -225,9 +270,10 @@ class JournalDecoder:
         if not isinstance(record, dict):
             self.skipped += 1
             return None
-        if record.get("v") != VERSION:
+        if record.get("v") not in READS:
             raise JournalError(
-                f"journal record of version {record.get('v')!r}; this reads {VERSION}"
+                f"journal record of version {record.get('v')!r}; this reads "
+                + " and ".join(str(v) for v in sorted(READS))
             )
         return record
 
@@ -248,17 +294,18 @@ def _calls(assistant: dict[str, Any]) -> tuple[m.ToolCall, ...]:
     )
 
 
-def _results(items: list[dict[str, Any]]) -> tuple[m.ToolResult, ...]:
-    return tuple(
-        m.ToolResult(
-            call_id=r["id"],
-            name=r["name"],
-            content=r["content"],
-            ok=bool(r.get("ok", True)),
-            seconds=float(r.get("seconds", 0.0)),
-        )
-        for r in items
+def _result(r: dict[str, Any], call_id: Any) -> m.ToolResult:
+    return m.ToolResult(
+        call_id=str(call_id),
+        name=str(r["name"]),
+        content=str(r["content"]),
+        ok=bool(r.get("ok", True)),
+        seconds=float(r.get("seconds", 0.0)),
     )
+
+
+def _results(items: list[dict[str, Any]]) -> tuple[m.ToolResult, ...]:
+    return tuple(_result(r, r["id"]) for r in items)
 
 
 def apply(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
@@ -268,6 +315,10 @@ def apply(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
         return _apply_round(state, record)
     if kind == "turn":
         return _apply_turn(state, record)
+    if kind == "call":
+        return _apply_call(state, record)
+    if kind == "result":
+        return _apply_result(state, record)
     if kind == "approval":
         if state.phase not in (m.Phase.TOOLS, m.Phase.AWAITING_APPROVAL):
             return None
@@ -340,8 +391,36 @@ def _apply_turn(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
     state, _ = m.step(state, _turn(record))
     if state.phase is not m.Phase.TOOLS:
         return None
-    state, _ = m.step(state, m.ApprovalAsked(call_id=str(record["asking"])))
+    asking = record.get("asking")
+    if asking is None:  # format 2: the turn came before any question
+        return replace(state, turn_recorded=True)
+    state, _ = m.step(state, m.ApprovalAsked(call_id=str(asking)))
     return state
+
+
+def _out(state: m.RunState, call_id: str) -> bool:
+    """The call is pending in the run's round and has no result yet."""
+    live = state.phase in (m.Phase.TOOLS, m.Phase.AWAITING_APPROVAL)
+    pending = any(c.id == call_id for c in state.pending)
+    return live and pending and state.result_of(call_id) is None
+
+
+def _apply_call(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    call_id = str(record["call"])
+    approval = bool(record.get("approval", False))
+    if not _out(state, call_id) or (approval and state.approval(call_id) is not True):
+        return None
+    sending = m.CallSending(
+        call_id=call_id, resendable=bool(record.get("resendable", False)), approval=approval
+    )
+    return m.step(state, sending)[0]
+
+
+def _apply_result(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:
+    call_id = str(record["call"])
+    if not _out(state, call_id):
+        return None
+    return m.step(state, m.CallReturned(result=_result(record, call_id)))[0]
 
 
 def _apply_finished(state: m.RunState, record: dict[str, Any]) -> m.RunState | None:

@@ -1,9 +1,11 @@
 """Model turns through the dataplane with the official `openai` client, and their retries;
 decisions through the dataplane's POST /v1/decide.
 
-Shell module (network I/O). A 429 is retried after its Retry-After (else 1 s) for as long as
-the run lives (cancelling the run's task ends the wait); any other failure is retried a few
-times with backoff, then raised as `TurnError` and the run fails with it. With tracing on, each
+Shell module (network I/O). A turn's time (`--turn-timeout`, 600 s) is the whole of it: every
+try, the waits between them and the queueing at the dataplane. A 429 is retried after its
+Retry-After (else 1 s) and any other failure up to 3 times with backoff, while the turn's time
+lasts; a wait that would end past it is not begun. Then the last failure is raised as
+`TurnError` and the run fails with it. With tracing on, each
 request is a `chat` span (`spans`) whose traceparent goes to the dataplane. A run that belongs
 to a key of the keys file (`owners`) sends its turns on behalf of that key
 (`x-luftpause-on-behalf-of`), with the runtime's own bearer (`LUFTPAUSE_RUNTIME_KEY`, a service
@@ -34,7 +36,7 @@ from luftpause.runtime.errors import ContextOverflow, TurnError
 from luftpause.runtime.hygiene import recover_text_calls
 from luftpause.runtime.machine import RunSpec, ToolCall, TurnCompleted, Usage
 
-TURN_TIMEOUT = 600.0  # runtime -> dataplane: longest a turn may take, queue wait included
+TURN_TIMEOUT = 600.0  # runtime -> dataplane: longest a turn may take, its tries and waits included
 DEFAULT_RETRY_AFTER = 1.0
 RETRIES = 3
 BACKOFF = 0.5
@@ -67,7 +69,10 @@ class Llm:
     def __init__(
         self, dataplane: str, *, timeout: float = TURN_TIMEOUT, token: str | None = None
     ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"a turn's timeout must be above 0 s, got {timeout}")
         self.dataplane = dataplane.rstrip("/")
+        self.timeout = timeout
         # The runtime's service key, else LUFTPAUSE_TOKEN: the bearer it sends the dataplane.
         self.client = AsyncOpenAI(
             base_url=f"{self.dataplane}/v1",
@@ -94,16 +99,20 @@ class Llm:
         """One model turn, retried as the module docstring says. With `calls` false the tools
         go with `tool_choice: "none"` and the reply's content is the answer, calls or not.
         """
-        failures = 0
+        failures, tries = 0, 0
+        deadline = time.monotonic() + self.timeout
         while True:
             started = time.monotonic()
+            tries += 1
             try:
+                left = _left(deadline, self.timeout, tries)
                 if not tracing.enabled():
-                    return await self._once(spec, messages, tools, calls, started)
+                    return await self._once(spec, messages, tools, calls, started, left)
                 with spans.chat(spec) as span:
-                    return await self._once(spec, messages, tools, calls, started, span)
+                    return await self._once(spec, messages, tools, calls, started, left, span)
             except openai.RateLimitError as exc:
                 delay = retry_after(exc.response.headers)
+                _wait_fits(deadline, delay, self.timeout, tries, exc)
                 log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
                 await asyncio.sleep(delay)
             except openai.APIError as exc:
@@ -114,8 +123,10 @@ class Llm:
                 message = f"{type(exc).__name__}: {exc}"
                 if failures > RETRIES:
                     raise TurnError(message) from exc
+                delay = BACKOFF * 2 ** (failures - 1)
+                _wait_fits(deadline, delay, self.timeout, tries, exc)
                 log.warning("turn.retry", run=spec.handle, failures=failures, error=message)
-                await asyncio.sleep(BACKOFF * 2 ** (failures - 1))
+                await asyncio.sleep(delay)
 
     async def _once(
         self,
@@ -124,6 +135,7 @@ class Llm:
         tools: list[dict[str, Any]],
         allow_calls: bool,
         started: float,
+        timeout: float,
         span: Span | None = None,
     ) -> TurnCompleted:
         extra: dict[str, Any] = {}
@@ -144,6 +156,7 @@ class Llm:
             model=spec.model,
             messages=list(messages),  # type: ignore[arg-type]
             extra_headers=headers if span is None else spans.chat_headers(span, headers),
+            timeout=timeout,
             **extra,
         )
         if not reply.choices:
@@ -179,7 +192,7 @@ class Llm:
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
             self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT), headers=self._headers
+                timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self._headers
             )
         return self._http
 
@@ -215,6 +228,23 @@ class Llm:
                 await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("run.forget_failed", run=handle, error=repr(exc))
+
+
+def _left(deadline: float, limit: float, tries: int) -> float:
+    """Seconds left of the turn's time; `TurnError` once none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TurnError(f"the turn did not finish within {limit:g} s ({tries - 1} tries)")
+    return left
+
+
+def _wait_fits(deadline: float, delay: float, limit: float, tries: int, exc: Exception) -> None:
+    """Raise `TurnError` now if waiting `delay` s for the next try would pass the turn's time."""
+    if time.monotonic() + delay >= deadline:
+        raise TurnError(
+            f"the turn did not finish within {limit:g} s ({tries} tries; the last: "
+            f"{type(exc).__name__}: {exc}; a next try after {delay:g} s would be past it)"
+        ) from exc
 
 
 def _json(text: str) -> Any:

@@ -15,16 +15,24 @@ Theory of operation::
     any live phase ──TurnFailed──► FAILED      any live phase ──Cancel──► CANCELLED
 
     TOOLS ──ApprovalAsked──► AWAITING_APPROVAL ──ApprovalDecided──► TOOLS
+    TOOLS ──CallSending──► TOOLS (the call is out: `sent`)
+    TOOLS ──CallReturned──► TOOLS (`returned`), or RUNNING once it was the round's last result
     RUNNING ──Compacted──► RUNNING (older rounds summarised or dropped before the turn: the
                            context wall, `compaction`; journaled)
 
-A round is one assistant message with its tool calls plus every call's result. Complete rounds
-are journaled; so is a turn whose call waits for the user's approval (before the first question
-of its round) and every answer, so a run rebuilt from the journal is RUNNING (about to take a
-turn), TOOLS or AWAITING_APPROVAL with the answers given so far, or over. Once `max_tool_calls`
-calls are spent the next turn allows no calls (the shell still lists the tools, with tool_choice
-none, so the prompt's start and the engine's cache of it stay); with `parallel_tool_calls` off
-only the first call of a reply is kept.
+A round is one assistant message with its tool calls plus every call's result. Each call is
+journaled as it happens: the turn before the first of its calls is asked about, sent or
+answered; each send before the request leaves; each result as it arrives (the round's last one
+as the complete round); and every answer of the user. So a run rebuilt from the journal is
+RUNNING (about to take a turn), TOOLS or AWAITING_APPROVAL with the answers given, the calls
+sent and the results arrived so far, or over. A call sent but without its result is `sent`:
+what happens to it is `resend`'s rule (send it again, ask again, or tell the model its outcome
+is unknown), never a plain second send. A send uses up the user's yes for a call whose tool is
+not idempotent (nor read-only), so such a call is asked about again before it is sent again; an
+idempotent call's yes covers its sends again. Once `max_tool_calls` calls are spent the next
+turn allows no calls (the shell still lists the tools, with tool_choice none, so the prompt's
+start and the engine's cache of it stay); with `parallel_tool_calls` off only the first call of
+a reply is kept.
 
 Budgets are the subtree's (`budget`); a run only carries its limits and, once one is past,
 `exceeded` (BudgetExceeded marks even a run that is over: its later children are refused).
@@ -42,6 +50,8 @@ from luftpause.runtime.steps import (
     ApprovalAsked,
     ApprovalDecided,
     BudgetExceeded,
+    CallReturned,
+    CallSending,
     CallTools,
     Cancel,
     Compacted,
@@ -49,9 +59,11 @@ from luftpause.runtime.steps import (
     Event,
     Phase,
     RecordApproval,
+    RecordCall,
     RecordCompacted,
     RecordExceeded,
     RecordFinished,
+    RecordResult,
     RecordRound,
     RecordTurn,
     StartTurn,
@@ -66,6 +78,7 @@ from luftpause.runtime.values import (
     SERVICE_CLASSES,
     Exceeded,
     RunSpec,
+    Sent,
     ToolCall,
     ToolResult,
     Usage,
@@ -79,6 +92,8 @@ __all__ = [
     "ApprovalAsked",
     "ApprovalDecided",
     "BudgetExceeded",
+    "CallReturned",
+    "CallSending",
     "CallTools",
     "Cancel",
     "Compacted",
@@ -87,12 +102,15 @@ __all__ = [
     "Exceeded",
     "Phase",
     "RecordApproval",
+    "RecordCall",
     "RecordCompacted",
     "RecordExceeded",
     "RecordFinished",
+    "RecordResult",
     "RecordRound",
     "RecordTurn",
     "RunSpec",
+    "Sent",
     "StartTurn",
     "ToolCall",
     "ToolResult",
@@ -126,6 +144,9 @@ class RunState:
     approvals: tuple[tuple[str, bool], ...] = ()
     asking: str | None = None
     turn_recorded: bool = False
+    # The round in progress: calls sent whose result has not arrived, and results arrived.
+    sent: tuple[Sent, ...] = ()
+    returned: tuple[ToolResult, ...] = ()
 
     @property
     def tools_left(self) -> int:
@@ -134,6 +155,14 @@ class RunState:
     def approval(self, call_id: str) -> bool | None:
         """The user's answer about a pending call, None if not asked (or not answered)."""
         return next((allow for cid, allow in self.approvals if cid == call_id), None)
+
+    def sent_call(self, call_id: str) -> Sent | None:
+        """The pending call as sent, if it was and its result has not arrived."""
+        return next((x for x in self.sent if x.call_id == call_id), None)
+
+    def result_of(self, call_id: str) -> ToolResult | None:
+        """The pending call's result, if it arrived."""
+        return next((r for r in self.returned if r.call_id == call_id), None)
 
 
 def start(spec: RunSpec) -> RunState:
@@ -150,7 +179,7 @@ def next_decision(state: RunState) -> StartTurn | CallTools | None:
     if state.phase is Phase.RUNNING:
         return StartTurn(messages=state.messages, offer_tools=state.tools_left > 0)
     if state.phase in (Phase.TOOLS, Phase.AWAITING_APPROVAL):
-        return CallTools(calls=state.pending)
+        return CallTools(calls=tuple(c for c in state.pending if state.result_of(c.id) is None))
     return None
 
 
@@ -174,6 +203,10 @@ def step(state: RunState, event: Event) -> tuple[RunState, tuple[Decision, ...]]
         return _approval_decided(state, event)
     if isinstance(event, Compacted):
         return _compacted(state, event)
+    if isinstance(event, CallSending):
+        return _call_sending(state, event)
+    if isinstance(event, CallReturned):
+        return _call_returned(state, event)
     return _tools_returned(state, event)
 
 
@@ -196,6 +229,8 @@ def _end(
         ended_at=at,
         asking=None,
         approvals=(),
+        sent=(),
+        returned=(),
     )
     return new, (RecordFinished(phase=phase, result=result, error=error, usage=usage, at=at),)
 
@@ -222,6 +257,19 @@ def assistant_message(content: str | None, calls: tuple[ToolCall, ...]) -> dict[
     return {"role": "assistant", "content": content, "tool_calls": [c.to_json() for c in calls]}
 
 
+def _turn_first(state: RunState, asking: str | None = None) -> tuple[Decision, ...]:
+    """The turn's record, when none of its calls has been journaled yet."""
+    if state.turn_recorded:
+        return ()
+    record = RecordTurn(
+        round=state.rounds + 1,
+        assistant=assistant_message(state.pending_content, state.pending),
+        usage=state.pending_usage,
+        asking=asking,
+    )
+    return (record,)
+
+
 def _approval_asked(state: RunState, event: ApprovalAsked) -> tuple[RunState, tuple[Decision, ...]]:
     if state.phase is Phase.AWAITING_APPROVAL and state.asking == event.call_id:
         return state, ()  # asked again after a restart: the question is journaled already
@@ -229,15 +277,7 @@ def _approval_asked(state: RunState, event: ApprovalAsked) -> tuple[RunState, tu
         raise ValueError(f"an approval was asked while the run is {state.phase}")
     call = _pending_call(state, event.call_id)
     new = replace(state, phase=Phase.AWAITING_APPROVAL, asking=call.id, turn_recorded=True)
-    if state.turn_recorded:
-        return new, ()
-    record = RecordTurn(
-        round=state.rounds + 1,
-        assistant=assistant_message(state.pending_content, state.pending),
-        usage=state.pending_usage,
-        asking=call.id,
-    )
-    return new, (record,)
+    return new, _turn_first(state, asking=call.id)
 
 
 def _approval_decided(
@@ -256,12 +296,61 @@ def _approval_decided(
 
 
 def _pending_call(state: RunState, call_id: str) -> ToolCall:
-    call = next((c for c in state.pending if c.id == call_id), None)
-    if call is None:
-        raise ValueError(f"no pending tool call {call_id}")
+    call = _unreturned_call(state, call_id)
     if state.approval(call_id) is not None:
         raise ValueError(f"tool call {call_id} was already decided")
     return call
+
+
+def _unreturned_call(state: RunState, call_id: str) -> ToolCall:
+    call = next((c for c in state.pending if c.id == call_id), None)
+    if call is None:
+        raise ValueError(f"no pending tool call {call_id}")
+    if state.result_of(call_id) is not None:
+        raise ValueError(f"tool call {call_id} has its result already")
+    return call
+
+
+def _call_sending(state: RunState, event: CallSending) -> tuple[RunState, tuple[Decision, ...]]:
+    if state.phase not in (Phase.TOOLS, Phase.AWAITING_APPROVAL):
+        raise ValueError(f"a tool call was sent while the run is {state.phase}")
+    call = _unreturned_call(state, event.call_id)
+    if event.approval and state.approval(call.id) is not True:
+        raise ValueError(f"tool call {call.id} needs the user's yes before it is sent")
+    before = state.sent_call(call.id)
+    sent = Sent(
+        call_id=call.id,
+        attempts=1 if before is None else before.attempts + 1,
+        resendable=event.resendable,
+        approval=event.approval,
+    )
+    approvals = state.approvals
+    if not event.resendable:  # sent again after an unknown outcome, it is asked about again
+        approvals = tuple(a for a in state.approvals if a[0] != call.id)
+    new = replace(
+        state,
+        sent=(*(x for x in state.sent if x.call_id != call.id), sent),
+        approvals=approvals,
+        turn_recorded=True,
+    )
+    return new, (*_turn_first(state), RecordCall(call=call, sent=sent))
+
+
+def _call_returned(state: RunState, event: CallReturned) -> tuple[RunState, tuple[Decision, ...]]:
+    if state.phase not in (Phase.TOOLS, Phase.AWAITING_APPROVAL):
+        raise ValueError(f"a tool result arrived while the run is {state.phase}")
+    result = event.result
+    call = _unreturned_call(state, result.call_id)
+    returned = (*state.returned, result)
+    if len(returned) == len(state.pending):  # the round's last result: the round is complete
+        return _tools_returned(replace(state, phase=Phase.TOOLS), ToolsReturned(results=returned))
+    new = replace(
+        state,
+        sent=tuple(x for x in state.sent if x.call_id != call.id),
+        returned=returned,
+        turn_recorded=True,
+    )
+    return new, (*_turn_first(state), RecordResult(result=result))
 
 
 def _compacted(state: RunState, event: Compacted) -> tuple[RunState, tuple[Decision, ...]]:
@@ -301,6 +390,8 @@ def _tools_returned(state: RunState, event: ToolsReturned) -> tuple[RunState, tu
         pending_content=None,
         approvals=(),
         turn_recorded=False,
+        sent=(),
+        returned=(),
     )
     record = RecordRound(
         round=new.rounds, assistant=assistant, results=results, usage=state.pending_usage
@@ -350,4 +441,12 @@ def canonical(state: RunState) -> str:
         data["exceeded"] = state.exceeded.to_json()
     if state.approvals:
         data["approvals"] = [list(a) for a in state.approvals]
+    if state.sent:
+        data["sent"] = [
+            {"call": x.call_id, "attempts": x.attempts, "resendable": x.resendable}
+            | ({"approval": True} if x.approval else {})
+            for x in state.sent
+        ]
+    if state.returned:
+        data["returned"] = [{"call": r.call_id, "ok": r.ok} for r in state.returned]
     return json.dumps(data, sort_keys=True)

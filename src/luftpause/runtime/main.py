@@ -11,6 +11,9 @@ Shell module. Serves on one port:
     GET /metrics           Prometheus metrics (`metrics`); open like /health
     GET/POST /away         the away switches of the attention budget (`questions`)
 
+The state dir holds `runs.jsonl` (the runs), `tasks.jsonl` (MCP Tasks) and `attention.jsonl`
+(the attention budget's asks and the away switches).
+
 `/status` answers CORS for the origins of `--cors-origin` (`cors`), so the scheduler's status
 page can show the run tree.
 
@@ -38,13 +41,13 @@ from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV, Identity, token_fr
 from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.runtime import outlook, questions, spans, wall
+from luftpause.runtime import failpoints, outlook, questions, spans, wall
 from luftpause.runtime.arguments import spawn_args
 from luftpause.runtime.attention import DEFAULT_PER_HOUR
 from luftpause.runtime.auth import BearerAuth
 from luftpause.runtime.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
 from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
-from luftpause.runtime.llm import Llm
+from luftpause.runtime.llm import TURN_TIMEOUT, Llm
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.money import PricesError, PriceTable, load_prices
 from luftpause.runtime.readiness import DataplaneReadiness
@@ -52,9 +55,10 @@ from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, spawn_owned, spec_from
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
-from luftpause.runtime.upstream import Upstreams
+from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams
 
 _SHUTDOWN_GRACE_SECONDS = 2
+STOP_GRACE = 5.0  # seconds tool calls in flight get to return when the runtime stops
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,10 +82,17 @@ class RuntimeConfig:
     summary_tokens: int = DEFAULT_SUMMARY_TOKENS
     prices_file: Path | None = None
     scheduler_url: str | None = None
+    turn_timeout: float = TURN_TIMEOUT
+    tool_timeout: float = TOOL_TIMEOUT
+    stop_grace: float = STOP_GRACE
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.turn_timeout <= 0 or self.tool_timeout <= 0:
+            raise ValueError("--turn-timeout and --tool-timeout must be above 0 seconds")
+        if self.stop_grace < 0:
+            raise ValueError("--stop-grace must be at least 0 seconds")
         if self.approvals_per_hour < 0 or self.keep_rounds < 0 or self.summary_tokens < 1:
             raise ValueError("approvals per hour and keep rounds must be >= 0, summary tokens >= 1")
         if self.scheduler_url is not None:
@@ -107,7 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="COMMAND",
         help='upstream MCP server over stdio, as one command line ("cmd arg ..."); repeatable',
     )
-    p.add_argument("--state-dir", default="state", help="where runs.jsonl lives")
+    p.add_argument(
+        "--state-dir",
+        default="state",
+        help="where the journals live (runs.jsonl, tasks.jsonl, attention.jsonl)",
+    )
     p.add_argument("--model", default="luftpause-sim", help="default model for spawn")
     p.add_argument("--decide-model", help="single-pass model for decide without labels")
     p.add_argument(
@@ -123,6 +138,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="keys per caller, the dataplane's file: MCP clients then need one of its keys (or "
         f"LUFTPAUSE_TOKEN), and a run's turns count against the key that spawned it, sent with "
         f"{RUNTIME_KEY_ENV} (a key with acts_for) as bearer; reloaded when it changes",
+    )
+    p.add_argument(
+        "--turn-timeout",
+        type=float,
+        default=TURN_TIMEOUT,
+        metavar="SECONDS",
+        help="longest a sub-agent's turn may take, all its tries, waits and queueing included "
+        f"(default {TURN_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--tool-timeout",
+        type=float,
+        default=TOOL_TIMEOUT,
+        metavar="SECONDS",
+        help="longest wait for a tool call's result, its reconnects and sends again included "
+        f"(default {TOOL_TIMEOUT:g})",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=STOP_GRACE,
+        metavar="SECONDS",
+        help="on SIGTERM, how long tool calls already sent may take to return and be journaled "
+        f"before the runtime stops (nothing new starts meanwhile; default {STOP_GRACE:g})",
     )
     questions.add_arguments(p)
     wall.add_arguments(p)
@@ -153,6 +192,9 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             summary_tokens=ns.summary_tokens,
             prices_file=Path(ns.prices) if ns.prices else None,
             scheduler_url=ns.scheduler_url,
+            turn_timeout=ns.turn_timeout,
+            tool_timeout=ns.tool_timeout,
+            stop_grace=ns.stop_grace,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -185,20 +227,34 @@ async def serve(
     bearer = token_from_env(os.environ, RUNTIME_KEY_ENV) or token
     if keys is not None and bearer is None:
         log.warning(f"keys without {RUNTIME_KEY_ENV} or {TOKEN_ENV}: turns carry no bearer")
-    llm = Llm(config.dataplane, token=bearer.decode() if bearer else None)
+    llm = Llm(
+        config.dataplane,
+        timeout=config.turn_timeout,
+        token=bearer.decode() if bearer else None,
+    )
     metrics = RuntimeMetrics()
     observe = metrics.journal_append.observe
+    failed = metrics.journal_failed
     windows = wall.Windows(llm, config.context_windows)
     sight = outlook.Outlook(
         prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
     )
+    attention = questions.Questions(
+        config.approvals_per_hour,
+        on_asked=metrics.asked,
+        journal_file=JournalFile(
+            config.state_dir, questions.ATTENTION_NAME, observe=observe, on_failure=failed
+        ),
+    )
+    attention.resume()
     runtime = Runtime(
-        JournalFile(config.state_dir, observe=observe),
+        JournalFile(config.state_dir, observe=observe, on_failure=failed),
         llm,
         upstreams,
         metrics=metrics,
         outlook=sight,
-        questions=questions.Questions(config.approvals_per_hour, on_asked=metrics.asked),
+        questions=attention,
+        tool_timeout=config.tool_timeout,
         wall=wall.ContextWall(
             llm,
             windows,
@@ -213,7 +269,7 @@ async def serve(
         spec = spec_from(spawn_args(args), caller, config.model)
         return await spawn_owned(runtime, spec, identity, keys)
 
-    task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe)
+    task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe, on_failure=failed)
     tasks = TasksExtension(runtime, task_file, spawn)
     await tasks.resume()
     readiness = DataplaneReadiness(config.dataplane)
@@ -246,9 +302,11 @@ async def serve(
         stopping.cancel()
         server.should_exit = True
         # In-flight await calls are cut by the shutdown; runs are left to resume from the journal.
-        await runtime.stop()
+        await runtime.stop(config.stop_grace)
         await sight.close()
         tasks.close()
+        if attention.journal is not None:
+            attention.journal.close()
         with contextlib.suppress(Exception):
             await serving
         await upstreams.close()
@@ -260,6 +318,11 @@ async def serve(
 def main(argv: list[str]) -> int:
     """Entry point of `luftpause runtime`."""
     config = parse_args(argv)
+    try:
+        failpoints.armed()
+    except ValueError as exc:
+        print(f"luftpause runtime: {exc}", file=sys.stderr)
+        return 2
     try:
         keys = KeysFile(config.keys_file) if config.keys_file else None
     except KeysError as exc:

@@ -12,11 +12,13 @@ table at scrape time by a collector, so the run loop pays nothing for them:
     luftpause_runtime_runs_finished_total{service_class,outcome}  counter
     luftpause_runtime_tool_calls_total{tool}                      counter
     luftpause_runtime_tool_call_failures_total{tool}              counter
+    luftpause_runtime_tool_outcomes_unknown_total{then}           counter
     luftpause_runtime_budget_trips_total{kind}                    counter
     luftpause_runtime_spend_usd_total{model}                      counter
     luftpause_runtime_approval_questions_total                    counter
     luftpause_runtime_compactions_total{outcome}                  counter
     luftpause_runtime_journal_append_seconds                      histogram
+    luftpause_runtime_journal_write_failures_total{errno}         counter
 
 A tool label is the name of a tool the run was offered; a call to any other name (the model
 made it up) counts under `UNKNOWN_TOOL`, so the label's values stay the upstream catalogue's.
@@ -106,6 +108,16 @@ class RuntimeMetrics:
             ["tool"],
             registry=self.registry,
         )
+        unknown = Counter(
+            "luftpause_runtime_tool_outcomes_unknown",
+            "Tool calls sent whose outcome was unknown (a timeout, a session broken after the "
+            "request left, a restart), by what followed: resent (the tool is idempotent or "
+            "read-only), asked (the user decides), reported (the model is told it may or may "
+            "not have run), spent (resent until its time was up).",
+            ["then"],
+            registry=self.registry,
+        )
+        self._unknown = {t: unknown.labels(t) for t in ("resent", "asked", "reported", "spent")}
         trips = Counter(
             "luftpause_runtime_budget_trips",
             "Budgets found past their limit (the subtree is then cancelled), by kind.",
@@ -137,6 +149,13 @@ class RuntimeMetrics:
             buckets=_APPEND_BUCKETS,
             registry=self.registry,
         )
+        self._write_failures = Counter(
+            "luftpause_runtime_journal_write_failures",
+            "Writes (or fsyncs) of runs.jsonl or tasks.jsonl that failed and were undone, by "
+            "errno (28: no space left on device, 5: I/O error); each is tried again.",
+            ["errno"],
+            registry=self.registry,
+        )
         self.registry.register(_RunsCollector(self))
 
     def bind(self, runs: Mapping[str, HasState]) -> None:
@@ -154,11 +173,19 @@ class RuntimeMetrics:
         if not ok:
             self._tool_failures.labels(tool).inc()
 
+    def tool_unknown(self, then: str) -> None:
+        """A sent call's outcome was unknown (`toolcalls`); `then` what followed."""
+        self._unknown[then].inc()
+
     def budget_tripped(self, kind: str) -> None:
         self._trips[kind].inc()
 
     def spent(self, model: str, usd: float) -> None:
         self._spend.labels(model).inc(usd)
+
+    def journal_failed(self, errno: str) -> None:
+        """A journal write failed and was undone (`store`)."""
+        self._write_failures.labels(errno).inc()
 
     def asked(self) -> None:
         """An approval question was put to a person (`questions`)."""

@@ -29,7 +29,7 @@ from luftpause.common.auth import Identity
 from luftpause.runtime.arguments import Count, Seconds
 from luftpause.runtime.auth import identity_of
 from luftpause.runtime.bundle import MAX_BYTES, BundleError, encode
-from luftpause.runtime.errors import RequestError
+from luftpause.runtime.errors import JournalUnwritable, RequestError
 from luftpause.runtime.forks import MAX_FORKS
 from luftpause.runtime.migrate import Forbidden, Migrations, NoRun
 
@@ -154,6 +154,8 @@ def _refusal(exc: RequestError) -> Response:
         status = 403
     elif isinstance(exc, BundleError):
         status = _STATUS.get(exc.code, 400)
+    elif isinstance(exc, JournalUnwritable):
+        status = 503
     body = {"error": {"message": str(exc), "code": exc.code}}
     return JSONResponse(body, status_code=status)
 

@@ -60,13 +60,18 @@ class ObservedJournal(JournalFile):
             self._ledger.feed(record)
         return records
 
-    async def append(self, record: dict[str, Any]) -> None:
+    async def append(self, record: dict[str, Any], *, retry: bool = True) -> None:
         # Learned before the write: the run's state already holds the record's step, and a
-        # forecast during the write must see both alike.
+        # forecast during the write must see both alike. A record not written (`retry` false)
+        # begins no run, so what was learned of it stays unused.
         spent = self._ledger.feed(record)
-        await self._inner.append(record)
+        await self._inner.append(record, retry=retry)
         for s in spent:
             self._spent(s.model, s.usd)
+
+    @property
+    def failing(self) -> str | None:
+        return self._inner.failing
 
     def close(self) -> None:
         self._inner.close()

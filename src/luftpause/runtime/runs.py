@@ -7,10 +7,17 @@ fsync'd) before the next step. Stopping the process cancels the tasks without jo
 anything, so the runs resume from the journal on the next start; `cancel` is a user's decision
 and is journaled as the run's end.
 
+A round's tool calls are `rounds`': concurrent (`toolcalls`), each journaled as it happens (the
+turn before its first call, each send before the request leaves, each result as it arrives, the
+round's last one as the round); a call journaled as sent whose result never was goes through
+`resend`'s rule after a restart. The records one event asks for are written as one line.
+Stopping first lets the calls out return for up to a grace period (`Rounds.drain`).
+
 Budgets (`budget`) are checked after every turn and tool round, on spawn, and by one timer per
 seconds budget; a budget past its limit is journaled, then its subtree cancelled with the reason.
 A tool call that needs approval waits on a future that `approve` (or an await's elicitation,
-see `server`) resolves; the answer is journaled before the call runs or is declined. Whom to
+see `server`) resolves; the answer is journaled before the call runs or is declined, and a call
+whose outcome was unknown is asked about again before it is sent again. Whom to
 ask when is `questions`' (the attention budget); a turn that would not fit the model's context
 window is preceded by a compaction of the run's history (`wall`), journaled like a round.
 Spawns, ends, tool calls and budget trips are counted in `metrics` where they happen.
@@ -33,15 +40,17 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
-from luftpause.runtime import budget, journal, spans, toolcalls
+from luftpause.runtime import budget, forks, journal, spans
 from luftpause.runtime import machine as m
-from luftpause.runtime.errors import RequestError
+from luftpause.runtime.errors import JournalUnwritable, RequestError
 from luftpause.runtime.llm import Llm
-from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
+from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.outlook import Outlook
 from luftpause.runtime.questions import Questions
+from luftpause.runtime.rounds import Rounds
 from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams, UpstreamTool
+from luftpause.runtime.toolcalls import ToolCaller
+from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
 from luftpause.runtime.wall import ContextWall
 
 _TIMER_SLACK = 0.05  # past the deadline, so the subtree's seconds are over the limit, not at it
@@ -68,6 +77,8 @@ class Run:
     task: asyncio.Task[None] | None = None
     cancel_reason: str | None = None
     approval: Approval | None = None
+    # One question at a time: calls of a round settle concurrently and may ask again.
+    asking: asyncio.Lock = field(default_factory=asyncio.Lock)
     # With tracing on, the run's `invoke_agent` span (`spans`), ended when its task ends.
     span: Span | None = None
 
@@ -86,9 +97,11 @@ class Runtime:
         questions: Questions | None = None,
         wall: ContextWall | None = None,
         outlook: Outlook | None = None,
+        tool_timeout: float = TOOL_TIMEOUT,
     ) -> None:
         self.journal = journal_file
         self.llm = llm
+        caller = ToolCaller(upstreams, timeout=tool_timeout)
         self.questions = Questions(clock=clock) if questions is None else questions
         self.wall = ContextWall(llm) if wall is None else wall
         self.upstreams = upstreams
@@ -103,6 +116,7 @@ class Runtime:
         self._background: set[asyncio.Task[Any]] = set()
         self._approval_waiters: set[asyncio.Event] = set()
         self._stopping = False
+        self.rounds: Rounds[Run] = Rounds(caller, self.metrics, self._apply, self._ask)
 
     # --- lifecycle ---
 
@@ -142,7 +156,7 @@ class Runtime:
         entered = {h: Run(state=s) for h, s in replayed.runs.items()}
         self.runs.update(entered)  # before the write: a concurrent adopt of them is refused
         try:
-            await self.journal.append(record)
+            await self._begin(record)
         except BaseException:
             for h in entered:
                 self.runs.pop(h, None)
@@ -154,9 +168,12 @@ class Runtime:
             await self._check_budget(h)
         return list(entered)
 
-    async def stop(self) -> None:
-        """Cancel every task without journaling: the runs resume on the next start."""
+    async def stop(self, grace: float = 0.0) -> None:
+        """Cancel every task without journaling: the runs resume on the next start. First, for
+        up to `grace` seconds, tool calls already sent may return and be journaled (nothing new
+        is sent and no turn begins meanwhile), so a stop does not leave their outcome unknown."""
         self._stopping = True
+        await self.rounds.drain(grace)
         tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
         tasks += [*self._timers.values(), *self._background]
         for t in tasks:
@@ -168,6 +185,13 @@ class Runtime:
         self.journal.close()
 
     # --- tools ---
+
+    async def _begin(self, record: dict[str, Any]) -> None:
+        """Journal a record that begins runs, or refuse them (`JournalUnwritable`)."""
+        try:
+            await self.journal.append(record, retry=False)
+        except OSError as exc:
+            raise _unwritable(self.journal.failing or repr(exc)) from exc
 
     async def spawn(self, spec: m.RunSpec, *, caller_trace: str | None = None) -> str:
         """Start a run; `caller_trace` is the traceparent of the request that asked for it."""
@@ -181,7 +205,12 @@ class Runtime:
         span = self._run_span(spec, caller_trace) if tracing.enabled() else None
         if span is not None:
             spec = replace(spec, traceparent=tracing.traceparent_of(span) or None)
-        await self.journal.append(journal.spawned_record(spec))
+        try:
+            await self._begin(journal.spawned_record(spec))
+        except JournalUnwritable:
+            if span is not None:
+                span.end()
+            raise
         run = Run(state=m.start(spec), span=span)
         self.runs[spec.handle] = run
         self._start(run)
@@ -329,15 +358,14 @@ class Runtime:
         handle = run.state.spec.handle
         try:
             while (decision := m.next_decision(run.state)) is not None:
-                event: m.Event
                 if isinstance(decision, m.StartTurn):
+                    await self.rounds.held_while_stopping()
                     if await self._stopped_before_turn(run):
                         return
-                    event = await self._turn(run.state, decision)
+                    await self._apply(run, await self._turn(run.state, decision))
                 else:
-                    results = await self._call_tools(run, decision.calls)
-                    event = m.ToolsReturned(results=results)
-                await self._apply(run, event)
+                    offered = await self._offered(run.state.spec)
+                    await self.rounds.call(run, decision.calls, offered)
                 await self._check_budget(handle)
         except asyncio.CancelledError:
             if run.cancel_reason is None:
@@ -351,12 +379,15 @@ class Runtime:
             await self._apply(run, m.TurnFailed(error=f"internal error: {exc!r}", at=self.clock()))
 
     async def _apply(self, run: Run, event: m.Event) -> None:
+        """Step the run's state, then journal what the step asks for (one line: a crash keeps
+        all of it or none) and carry out the rest."""
         handle = run.state.spec.handle
         run.state, decisions = m.step(run.state, event)
+        records = [r for d in decisions if (r := journal.record_of(handle, d)) is not None]
+        if records:
+            line = records[0] if len(records) == 1 else forks.batch_record(records)
+            await self.journal.append(line)
         for d in decisions:
-            record = journal.record_of(handle, d)
-            if record is not None:
-                await self.journal.append(record)
             if isinstance(d, m.RecordFinished):
                 run.done.set()
                 self.metrics.finished(run.state.spec.service_class, d.phase)
@@ -421,50 +452,28 @@ class Runtime:
         tools = [t.openai() for t in (await self._offered(state.spec)).values()]
         return await self.wall.turn(state, decision, tools, self.clock)
 
-    async def _call_tools(
-        self, run: Run, calls: tuple[m.ToolCall, ...]
-    ) -> tuple[m.ToolResult, ...]:
-        spec = run.state.spec
-        offered = await self._offered(spec)
-        allowed: dict[str, bool] = {}
-        for c in calls:
-            tool = offered.get(c.name)
-            if tool is not None and (tool.destructive or c.name in spec.approve_tools):
-                answer = run.state.approval(c.id)
-                allowed[c.id] = await self._ask(run, c) if answer is None else answer
-        results = await asyncio.gather(
-            *(
-                toolcalls.call_one(self.upstreams, c, offered)
-                if allowed.get(c.id, True)
-                else toolcalls.declined(c)
-                for c in calls
-            )
-        )
-        for r in results:
-            self.metrics.tool_called(r.name if r.name in offered else UNKNOWN_TOOL, r.ok)
-        return tuple(results)
-
     async def _ask(self, run: Run, call: m.ToolCall) -> bool:
         """Wait for the user's answer about one call; journal it; return it.
 
         The approval is open before the run shows AwaitingApproval: a client that sees that
         state while the journal write is still under way can answer at once.
         """
-        pending = Approval(
-            call=call, answer=asyncio.get_running_loop().create_future(), since=self.clock()
-        )
-        run.approval = pending
-        try:
-            await self._apply(run, m.ApprovalAsked(call_id=call.id))
-            log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
-            for event in self._approval_waiters:
-                event.set()
-            allow = await pending.answer
-            await self._apply(run, m.ApprovalDecided(call_id=call.id, allow=allow))
-        finally:
-            run.approval = None
-            pending.journaled.set()
-        return allow
+        async with run.asking:
+            pending = Approval(
+                call=call, answer=asyncio.get_running_loop().create_future(), since=self.clock()
+            )
+            run.approval = pending
+            try:
+                await self._apply(run, m.ApprovalAsked(call_id=call.id))
+                log.info("run.awaiting_approval", run=run.state.spec.handle, tool=call.name)
+                for event in self._approval_waiters:
+                    event.set()
+                allow = await pending.answer
+                await self._apply(run, m.ApprovalDecided(call_id=call.id, allow=allow))
+            finally:
+                run.approval = None
+                pending.journaled.set()
+            return allow
 
 
 async def _over(runs: list[Run], mode: str) -> None:
@@ -476,6 +485,13 @@ async def _over(runs: list[Run], mode: str) -> None:
     finally:
         for w in waits:
             w.cancel()
+
+
+def _unwritable(why: str) -> JournalUnwritable:
+    return JournalUnwritable(
+        f"the runtime cannot write its journal ({why}): new runs are refused until it can; runs "
+        "in progress go on to their next record and wait there"
+    )
 
 
 def new_handle() -> str:

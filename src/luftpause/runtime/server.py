@@ -277,11 +277,15 @@ class Routes:
 
     async def status_route(self, request: Request) -> Response:
         """The run tree with each run's own work and subtree totals (`tree`); the approval
-        questions waiting (oldest first) and the away switches (`questions`)."""
+        questions waiting (oldest first) and the away switches (`questions`); whether the
+        journal can be written."""
         rt = self.runtime
         waiting = rt.questions.waiting(rt.pending_approvals(list(rt.runs)))
         status = tree.status(rt.runs, rt.clock())
-        return JSONResponse(status | {"questions": waiting, "away": rt.questions.switches()})
+        failing = rt.journal.failing
+        journal = {"writable": failing is None} | ({"error": failing} if failing else {})
+        extra = {"questions": waiting, "away": rt.questions.switches(), "journal": journal}
+        return JSONResponse(status | extra)
 
     async def metrics_route(self, request: Request) -> Response:
         """Prometheus metrics; open like /health."""

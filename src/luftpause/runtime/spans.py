@@ -19,7 +19,7 @@ with tracing off nothing here runs. Spans, in GenAI semantic conventions:
   gen_ai.tool.type `extension` (an MCP server's), luftpause.tool_server, error.type
   `tool_error` for a failed call. The MCP client's own span (`MCP send tools/call <tool>`) is
   its child, and its traceparent goes to HTTP tool servers in the request's `_meta` and, by
-  `traced_http`, in the `traceparent` header.
+  `outbound.http_transport`, in the `traceparent` header.
 
 `TraceHeaders` makes an MCP request's `traceparent` header the ambient parent, so the mcp SDK's
 own server spans (`tools/call spawn`) join the caller's trace too.
@@ -27,12 +27,10 @@ own server spans (`tools/call spawn`) join the caller's trace too.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import httpx2
-from mcp.client.streamable_http import streamable_http_client
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
@@ -42,7 +40,6 @@ from luftpause.common import tracing
 from luftpause.runtime import machine as m
 
 if TYPE_CHECKING:
-    from mcp.client._transport import TransportStreams
     from mcp.server.mcpserver import Context as McpContext
     from openai.types.chat import ChatCompletion
 
@@ -50,8 +47,6 @@ if TYPE_CHECKING:
 SCOPE = "luftpause.runtime"
 AGENT_NAME = "luftpause-subagent"
 PROVIDER = "openai"  # the API the runtime speaks to the dataplane
-# The mcp SDK's own timeouts for its HTTP client (`create_mcp_http_client`).
-_MCP_TIMEOUT = httpx2.Timeout(30.0, read=300.0)
 
 Scope = dict[str, Any]
 
@@ -228,19 +223,3 @@ class TraceHeaders:
 
 def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers") or ()}
-
-
-async def _inject(request: httpx2.Request) -> None:
-    tracing.inject(request.headers)
-
-
-@asynccontextmanager
-async def traced_http(url: str) -> AsyncIterator[TransportStreams]:
-    """The mcp SDK's Streamable HTTP transport to `url`, every request carrying the current
-    span's `traceparent` header (the SDK sends each message in its sender's context)."""
-    hooks: dict[str, list[Any]] = {"request": [_inject]}
-    async with (
-        httpx2.AsyncClient(timeout=_MCP_TIMEOUT, event_hooks=hooks) as http,
-        streamable_http_client(url, http_client=http) as streams,
-    ):
-        yield streams

@@ -12,6 +12,7 @@ from typing import Any
 
 from luftpause.runtime.values import (
     Exceeded,
+    Sent,
     ToolCall,
     ToolResult,
     Usage,
@@ -49,6 +50,24 @@ class ToolsReturned:
     """Every pending call of the round has its result."""
 
     results: tuple[ToolResult, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallSending:
+    """The shell is about to send pending call `call_id` (again): journaled before it leaves.
+    `resendable` and `approval` are what was known of its tool then (`values.Sent`)."""
+
+    call_id: str
+    resendable: bool = False
+    approval: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallReturned:
+    """One pending call has its result (from its server, or the shell's own: declined, unknown
+    tool, bad arguments, outcome unknown)."""
+
+    result: ToolResult
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +121,8 @@ class Compacted:
 Event = (
     TurnCompleted
     | ToolsReturned
+    | CallSending
+    | CallReturned
     | TurnFailed
     | Cancel
     | ApprovalAsked
@@ -139,6 +160,21 @@ class RecordRound:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RecordCall:
+    """Journal that a call is about to be sent (its `attempts`-th send), before it leaves."""
+
+    call: ToolCall
+    sent: Sent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordResult:
+    """Journal one call's result while other calls of its round are still out."""
+
+    result: ToolResult
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RecordFinished:
     """Journal the outcome, report the run over to the dataplane, wake its awaiters."""
 
@@ -151,12 +187,14 @@ class RecordFinished:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RecordTurn:
-    """Journal a turn whose tool call waits for approval, so a restart asks about the same call."""
+    """Journal a turn with tool calls before the first of its calls is asked about, sent or
+    answered, so a restart goes on with the same calls; `asking` is the call asked about, if
+    that came first."""
 
     round: int
     assistant: dict[str, Any]
     usage: Usage
-    asking: str
+    asking: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +224,8 @@ Decision = (
     | RecordRound
     | RecordFinished
     | RecordTurn
+    | RecordCall
+    | RecordResult
     | RecordApproval
     | RecordExceeded
     | RecordCompacted

@@ -142,12 +142,12 @@ class TasksExtension(Extension):
         await self.file.append({"v": journal.VERSION, **record})
         self.tasks[entry.task_id] = entry
         log.info("task.created", task=entry.task_id, run=handle)
-        return {"resultType": "task", **self._view(entry)}
+        return {"resultType": "task", **(await self._view(entry))}
 
     # --- methods ---
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        return self._view(self._entry(params.task_id), session_of(ctx.request))
+        return await self._view(self._entry(params.task_id), session_of(ctx.request))
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
         self._entry(params.task_id)
@@ -159,7 +159,7 @@ class TasksExtension(Extension):
         if entry.ended is None and not self.runtime.runs[entry.run].state.phase.over:
             await self.runtime.cancel(entry.run)
             entry = await self._end(entry, "cancelled", None)
-        return self._view(entry)
+        return await self._view(entry)
 
     # --- helpers ---
 
@@ -176,7 +176,7 @@ class TasksExtension(Extension):
         self.tasks[entry.task_id] = entry
         return entry
 
-    def _view(self, entry: TaskEntry, session: str = TASKS_SESSION) -> dict[str, Any]:
+    async def _view(self, entry: TaskEntry, session: str = TASKS_SESSION) -> dict[str, Any]:
         """The task as tasks/get shows it; its questions as `session`'s attention allows."""
         out: dict[str, Any] = {
             "taskId": entry.task_id,
@@ -199,7 +199,9 @@ class TasksExtension(Extension):
             dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
             return out | {"status": "completed", "result": dumped}
         pending = self.runtime.pending_approvals([entry.run])
-        pending = [(h, a) for h, a in pending if self.runtime.questions.ask(session, h, a) is None]
+        pending = [
+            (h, a) for h, a in pending if await self.runtime.questions.ask(session, h, a) is None
+        ]
         if pending:
             requests = dict(ask.input_request(h, a) for h, a in pending)
             dumped_requests = {

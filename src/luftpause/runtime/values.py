@@ -1,5 +1,5 @@
-"""The values a run is made of: what spawn asked for, tool calls and results, usage, and a
-budget's excess.
+"""The values a run is made of: what spawn asked for, tool calls (and which were sent) and
+results, usage, and a budget's excess.
 
 Pure module: no I/O; standard library and `price` only. Frozen, and each checks its input when
 built.
@@ -156,6 +156,23 @@ class ToolResult:
     content: str
     ok: bool = True
     seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sent:
+    """A call of the round in progress that was sent, its result not (yet) journaled: how many
+    times it was sent and what was known of its tool then (`resend`'s rule reads it)."""
+
+    call_id: str
+    attempts: int = 1
+    # The tool declared idempotentHint or readOnlyHint: sending it again is harmless.
+    resendable: bool = False
+    # The call needed the user's approval (each send uses up one yes).
+    approval: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.call_id or self.attempts < 1:
+            raise ValueError("a sent call has an id and was sent at least once")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

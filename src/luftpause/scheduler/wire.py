@@ -87,6 +87,7 @@ def admit_reply(place: e.Place) -> pb.AdmitReply:
         engine_slot=place.engine_slot,
         slot_save=place.slot_save,
         slot_restore=place.slot_restore,
+        slot_save_run=place.slot_save_run,
     )
 
 
@@ -168,7 +169,8 @@ def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
 
 
 def resync_event(req: pb.ResyncRequest, at: float) -> e.Resync:
-    """The core event for a dataplane's Resync: its runs and its placed turns in flight."""
+    """The core event for a dataplane's Resync: its runs, its placed turns in flight and the
+    slot context files it saved."""
     runs = tuple(
         e.RunSnapshot(
             run_id=r.run_id,
@@ -193,7 +195,14 @@ def resync_event(req: pb.ResyncRequest, at: float) -> e.Resync:
         for t in req.turns
         if t.turn_id and t.replica_id
     )
-    return e.Resync(at=at, dataplane=req.dataplane_id, runs=runs, turns=turns)
+    saved = tuple(
+        e.SavedSlot(
+            replica=f.replica_id, file=f.file, run_id=f.run_id, age_s=max(f.age_seconds, 0.0)
+        )
+        for f in req.saved
+        if f.replica_id and f.file and f.run_id
+    )
+    return e.Resync(at=at, dataplane=req.dataplane_id, runs=runs, turns=turns, saved=saved)
 
 
 def resync_reply(event: e.Resync) -> pb.ResyncReply:

@@ -69,7 +69,7 @@ from luftpause.scheduler.core.placement import (
     serves,
 )
 from luftpause.scheduler.core.resync import resync
-from luftpause.scheduler.core.slots import save_file
+from luftpause.scheduler.core.slots import save_file, saved_run
 from luftpause.scheduler.core.state import Draft, State
 
 Decision = tuple[State, tuple[Action, ...]]
@@ -350,6 +350,7 @@ def _place_action(
         engine_slot=turn.slot if turn.slot >= 0 else None,
         slot_save=save_file(replica.id, turn.save_to) if turn.save_to >= 0 else None,
         slot_restore=save_file(replica.id, turn.restore_from) if turn.restore_from >= 0 else None,
+        slot_save_run=saved_run(d, turn),
     )
 
 

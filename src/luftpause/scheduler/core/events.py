@@ -144,13 +144,26 @@ class TurnSnapshot:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SavedSlot:
+    """A saved slot context file a dataplane wrote: `file` (as placements name it) on `replica`
+    holds `run_id`'s context, saved `age_s` seconds ago."""
+
+    replica: str
+    file: str
+    run_id: str
+    age_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Resync:
-    """A dataplane's whole truth: its runs and its turns in flight replace what we had."""
+    """A dataplane's whole truth: its runs and its turns in flight replace what we had; the
+    save files it wrote fill the ones this scheduler knows nothing of (after a restart)."""
 
     at: float
     dataplane: str
     runs: tuple[RunSnapshot, ...] = ()
     turns: tuple[TurnSnapshot, ...] = ()
+    saved: tuple[SavedSlot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -204,6 +217,8 @@ class Place:
     # run's context from that one (endpoint `slot_saves`); None for neither.
     slot_save: str | None = None
     slot_restore: str | None = None
+    # With `slot_save`: the run whose context the slot holds (the dataplane remembers the file).
+    slot_save_run: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,7 +3,9 @@
 Pure module. The dataplane's turns in flight replace the ones the scheduler had for it, the
 runs it reports replace the scheduler's records of them, and then every index is rebuilt from
 the facts by the module that owns it (`counters`, `expiry`, `residency`, `placement`,
-`queues`), so the state after a Resync is exactly what the dataplanes reported. O(runs +
+`queues`), so the state after a Resync is exactly what the dataplanes reported. The save files
+the dataplane wrote fill those of the replicas' files this scheduler knows nothing of
+(`slots.relearn`). O(runs +
 turns): it happens once per (re)connect.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 import immutables
 
-from luftpause.scheduler.core import counters, expiry, placement, queues, residency
+from luftpause.scheduler.core import counters, expiry, placement, queues, residency, slots
 from luftpause.scheduler.core.events import Resync
 from luftpause.scheduler.core.model import DataplaneLink, Phase, Run, Turn, evolve
 from luftpause.scheduler.core.state import Draft
@@ -74,6 +76,11 @@ def resync(d: Draft, ev: Resync) -> None:
     d.dataplanes = d.dataplanes.set(
         ev.dataplane, DataplaneLink(streams=link.streams, gone_since=None)
     )
+    for rid, rep in d.replicas.items():
+        if rep.saves and ev.saved:
+            files = slots.relearn(rep, ev.saved)
+            if files != rep.saves:  # the files only: no index reads them
+                d.replicas = d.replicas.set(rid, evolve(rep, saves=files))
     d.turns = immutables.Map(turns)
     d.runs = immutables.Map(runs)
     d.held = immutables.Map({tid: h for tid, h in d.held.items() if tid not in turns})

@@ -27,6 +27,11 @@ kept by the same order: a file whose run will not come back is free; else the on
 is overwritten, and only for a context wanted sooner than it. A restored file is free again
 (its context is back in a slot), and a save never goes to the file restored by the same turn:
 the dataplane saves before it restores.
+
+The files are the only part of the slot tables a scheduler restart would lose for long (a slot
+is taken again by the next turn): each placement that saves names the run it saves
+(`saved_run`), the dataplane remembers what it saved and not yet restored, and its Resync
+refills the files a restarted scheduler knows nothing of (`relearn`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from luftpause.scheduler.core.model import Phase, Replica, ServiceClass
+from luftpause.scheduler.core.events import SavedSlot
+from luftpause.scheduler.core.model import Phase, Replica, ServiceClass, Turn
 from luftpause.scheduler.core.state import View
 
 # Groups whose run will come back to its context: worth a save.
@@ -123,3 +129,29 @@ def save_file(replica_id: str, index: int) -> str:
     if safe != replica_id:
         safe += "-" + hashlib.sha1(replica_id.encode()).hexdigest()[:8]
     return f"luftpause-{safe}-{index}.bin"
+
+
+def saved_run(state: View, turn: Turn) -> str | None:
+    """The run whose context `turn`'s save writes (its file holds it once placed), if any."""
+    replica = state.replicas.get(turn.replica)
+    if turn.save_to < 0 or replica is None or turn.save_to >= len(replica.saves):
+        return None
+    return replica.saves[turn.save_to] or None
+
+
+def relearn(replica: Replica, reported: tuple[SavedSlot, ...]) -> tuple[str, ...]:
+    """The replica's `saves` with each file it knows nothing of filled from a dataplane's
+    report (the newest save of it there); files it knows stay as they are."""
+    files = list(replica.saves)
+    newest: dict[int, SavedSlot] = {}
+    names = {save_file(replica.id, i): i for i in range(len(files))}
+    for s in reported:
+        i = names.get(s.file)
+        if s.replica != replica.id or i is None or not s.run_id or files[i]:
+            continue
+        if i not in newest or s.age_s < newest[i].age_s:
+            newest[i] = s
+    for i, s in newest.items():
+        if s.run_id not in files:  # a context is in one file at most
+            files[i] = s.run_id
+    return tuple(files)

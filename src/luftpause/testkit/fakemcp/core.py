@@ -1,4 +1,5 @@
-"""What the fake MCP tools say, how long they take, and how often they were called.
+"""What the fake MCP tools say, how long they take, and how often they were called (per tool,
+and per idempotency key: requests received, executions, the result a repeat is answered with).
 
 Pure module: no I/O, no clock reads, no awaits. Randomness arrives as a `random.Random` the
 caller seeded; filler text is a function of the query alone, so two runs of a test see the
@@ -8,9 +9,11 @@ same words.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-TOOL_NAMES = ("lookup", "deep_search", "delete_record")
+TOOL_NAMES = ("lookup", "deep_search", "delete_record", "charge", "set_status")
 
 _SUBJECTS = (
     "The archive",
@@ -103,3 +106,72 @@ class CallStats:
     def snapshot(self) -> dict[str, dict[str, int]]:
         """The `/stats` body: copies, so a caller cannot change the counts."""
         return {"calls": dict(self.calls), "in_flight": dict(self.in_flight)}
+
+
+def charge_text(account: str, cents: int, receipt: int) -> str:
+    """What `charge` returns: the receipt of one execution."""
+    return f"charged {cents} cents to {account}: receipt {receipt}"
+
+
+def status_text(ticket: str, status: str) -> str:
+    """What `set_status` returns."""
+    return f"ticket {ticket} is now {status}"
+
+
+@dataclass(slots=True)
+class KeyCount:
+    """One idempotency key: requests that carried it, executions begun for it, and the result of
+    the execution that finished (None until one did)."""
+
+    tool: str
+    received: int = 0
+    executions: int = 0
+    result: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "received": self.received,
+            "executions": self.executions,
+            "answered": self.result is not None,
+        }
+
+
+class KeyLedger:
+    """Every idempotency key seen, from the ledger's records (`feed`, in the order written):
+
+        {"event": "received", "key": K, "tool": T}    a request carried K
+        {"event": "started",  "key": K, "tool": T}    an execution for K began
+        {"event": "finished", "key": K, "tool": T, "result": TEXT}
+
+    A request whose key has a finished execution is answered with its result and not executed;
+    an execution begun but never finished (the server died) leaves the key unanswered, so the
+    next request for it executes again.
+    """
+
+    def __init__(self) -> None:
+        self.keys: dict[str, KeyCount] = {}
+
+    def feed(self, record: Mapping[str, Any]) -> None:
+        key, event = str(record["key"]), record["event"]
+        entry = self.keys.setdefault(key, KeyCount(tool=str(record.get("tool", ""))))
+        if event == "received":
+            entry.received += 1
+        elif event == "started":
+            entry.executions += 1
+        elif event == "finished":
+            entry.result = str(record["result"])
+        else:
+            raise ValueError(f"unknown ledger event {event!r}")
+
+    def answer(self, key: str) -> str | None:
+        """The result a request for `key` gets without executing, if any."""
+        entry = self.keys.get(key)
+        return None if entry is None else entry.result
+
+    def executions(self, tool: str) -> int:
+        """Executions begun for keyed requests of `tool` (receipts are numbered by it)."""
+        return sum(e.executions for e in self.keys.values() if e.tool == tool)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {k: e.to_json() for k, e in self.keys.items()}
