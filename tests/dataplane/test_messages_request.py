@@ -189,5 +189,5 @@ def test_images_become_image_url_parts_and_a_named_tool_choice_a_named_function(
 def test_a_pdf_document_cannot_be_translated() -> None:
     document = {"type": "document", "source": {"type": "base64", "data": "JVBER"}}
     request = read(messages=[{"role": "user", "content": [document]}])
-    with pytest.raises(BadRequest, match="messages.0.content.0"):
+    with pytest.raises(BadRequest, match=r"messages\.0\.content\.0"):
         to_chat(request)

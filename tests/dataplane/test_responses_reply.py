@@ -104,7 +104,7 @@ def test_a_custom_tool_call_gets_its_input_back_as_free_text() -> None:
     )
     names = ToolNames({"apply_patch": ToolName("apply_patch", None, custom=True)})
     events = events_of(translate(data, names))
-    item = [e["item"] for e in events if e["type"] == "response.output_item.done"][0]
+    item = next(e["item"] for e in events if e["type"] == "response.output_item.done")
     assert (item["type"], item["input"], item["call_id"]) == (
         "custom_tool_call",
         "*** Begin Patch",

@@ -189,5 +189,5 @@ def test_text_format_json_schema_becomes_response_format_and_images_image_url_pa
 
 def test_a_file_input_cannot_be_translated() -> None:
     request = read(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}])
-    with pytest.raises(BadRequest, match="input.0.content.0"):
+    with pytest.raises(BadRequest, match=r"input\.0\.content\.0"):
         to_chat(request)
