@@ -65,7 +65,10 @@ def test_a_request_with_tools_gets_a_tool_call_while_tool_results_are_fewer_than
     reply = plan(request(results))
     assert reply.finish_reason == "tool_calls"
     assert [call.name for call in reply.tool_calls] == ["lookup"]
-    assert json.loads(reply.tool_calls[0].arguments) == {"query": "query for the next step", "limit": 1}
+    assert json.loads(reply.tool_calls[0].arguments) == {
+        "query": "query for the next step",
+        "limit": 1,
+    }
     assert reply.content is None
 
 
