@@ -165,7 +165,7 @@ async def test_the_openai_responses_api_streamed_and_not(
             ],
         )
         second = followed.parse()
-    assert second.status == "completed" and second.output_text
+    assert second.status == "completed" and second.output
     assert first.usage is not None and second.usage is not None
     assert second.usage.input_tokens > first.usage.input_tokens
     requests = await engine_requests(stack)
