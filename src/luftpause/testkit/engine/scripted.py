@@ -17,6 +17,7 @@ the same document as JSON while it runs):
           - name: mcp__luftpause__await
             arguments: {handles: {$collect: handle}, timeout: 50}
       - text: ["The answers: ", {$collect: result}]   # a text reply, in parts
+      - text: ["You said: ", {$results: true}]
 
 Which reply a request gets: the n-th, n being the assistant messages it already holds (each
 earlier reply of the model is one). Past the last reply, and for requests the script does not
@@ -26,7 +27,9 @@ answer, the simulator plans its reply as usual (`script.plan_reply`).
 after the request's last assistant message): every JSON object or array found in their text,
 searched through, in order, each value once. Harnesses wrap a tool's JSON in text of their own
 (Codex: "Wall time: ...\\nOutput:\\n{...}"), so objects are found anywhere in it. In arguments it
-is the list of values; in a text part, the values joined by "; ".
+is the list of values; in a text part, the values joined by "; ". `{$results: true}` in a text
+part stands for the latest tool results' whole text (joined by newlines), for tools that answer
+in plain text (a file read, a shell command).
 
 The reply's tokens cost simulated time like any other reply's (4 characters a token), and its
 calls stream as OpenAI deltas, one call after another.
@@ -46,6 +49,7 @@ from luftpause.testkit.engine.script import Reply, ToolCall, calls_reply, text_r
 from luftpause.testkit.engine.tokens import content_text
 
 COLLECT = "$collect"
+RESULTS = "$results"
 
 
 class ScriptError(ValueError):
@@ -171,7 +175,13 @@ def fill(template: Any, results: Sequence[str]) -> Any:
     return template
 
 
+def _echoes(value: Any) -> bool:
+    return isinstance(value, Mapping) and dict(value) == {RESULTS: True}
+
+
 def _text(part: Any, results: Sequence[str]) -> str:
+    if _echoes(part):
+        return "\n".join(results)
     key = _collects(part)
     if key is None:
         return str(part)
@@ -184,8 +194,10 @@ def _step(raw: Any, where: str) -> Step:
     if "text" in raw:
         parts = raw["text"] if isinstance(raw["text"], list) else [raw["text"]]
         for part in parts:
-            if not isinstance(part, str) and _collects(part) is None:
-                raise ScriptError(f"{where}.text: parts are strings or {{$collect: KEY}}")
+            if not isinstance(part, str) and _collects(part) is None and not _echoes(part):
+                raise ScriptError(
+                    f"{where}.text: parts are strings, {{$collect: KEY}} or {{$results: true}}"
+                )
         return Step(text=tuple(parts))
     calls = raw["calls"]
     if not isinstance(calls, list) or not calls:
