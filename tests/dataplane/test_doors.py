@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -15,7 +16,7 @@ from luftpause.dataplane.apis import Api
 from luftpause.dataplane.context import Served
 from luftpause.dataplane.runs import Phase
 from tests.dataplane.conftest import ENGINE_KEY, Stack, closed_port, running_stack
-from tests.dataplane.fakes import MODEL, TOOL_STREAM
+from tests.dataplane.fakes import MODEL, TEXT_STREAM, TOOL_STREAM
 
 MESSAGES = "/v1/messages"
 RESPONSES = "/v1/responses"
@@ -290,3 +291,51 @@ async def test_token_counts_are_estimated_for_a_chat_engine_and_asked_of_a_nativ
     assert headers["x-luftpause-token-count"] == "engine"
     assert native.engine.seen[-1].path == "/v1/messages/count_tokens"
     assert native.engine.seen[-1].headers["anthropic-version"] == "2023-06-01"
+
+
+async def test_a_messages_turn_over_the_body_limit_gets_anthropics_413(stack: Stack) -> None:
+    stack.dp.max_body_bytes = 100
+    async with asyncio.timeout(10):
+        status, _, data = await stack.post(anthropic(pad="x" * 200), MESSAGES)
+    assert status == 413 and json.loads(data)["error"]["type"] == "request_too_large"
+
+
+async def test_translated_and_passed_turns_are_counted_by_api(stack: Stack) -> None:
+    async with asyncio.timeout(10):
+        await stack.post(anthropic(), MESSAGES)
+        await stack.post(codex(), RESPONSES)
+        await stack.post(stack.chat())
+        async with stack.http.get(stack.url + "/metrics") as resp:
+            text = await resp.text()
+    for api, path in (("messages", "translated"), ("responses", "translated"), ("chat", "passed")):
+        assert f'luftpause_dataplane_api_turns_total{{api="{api}",path="{path}"}} 1.0' in text
+
+
+async def test_an_engine_breaking_off_a_translated_stream_leaves_it_without_message_stop(
+    stack: Stack,
+) -> None:
+    async def broken(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in TEXT_STREAM[:2]:  # the role chunk and the first text, then it dies
+            await resp.write(chunk)
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+
+    stack.engine.handler = broken
+    received = b""
+    async with asyncio.timeout(10):
+        async with stack.http.post(stack.url + MESSAGES, json=anthropic()) as resp:
+            assert resp.status == 200
+            try:
+                async for chunk in resp.content.iter_any():
+                    received += chunk
+                cut_off = False
+            except aiohttp.ClientPayloadError:
+                cut_off = True
+        events = await stack.turn_events(stack.scheduler.admits[-1].turn_id, 3)
+    kinds = [e["type"] for e in frames(received)]
+    assert cut_off and kinds[:3] == ["message_start", "content_block_start", "content_block_delta"]
+    assert "message_stop" not in kinds
+    assert events == ["started", "first_token", "failed"]
