@@ -1,9 +1,10 @@
 """A chat completion's events written as a Messages API reply: a stream, or one message.
 
-Pure module: no I/O. `MessagesWriter` takes the events `chatstream` reads from an engine's Chat
-Completions reply and writes the Messages API's server-sent events as they come (`write`), then
-closes the message (`finish`); it also builds the whole message, which is the non-stream reply
-(`document`). The stream it writes, for text then a tool call:
+Pure module: no I/O. `MessagesWriter` (a `writer.PartWriter`, its parts content blocks) takes the
+events `chatstream` reads from an engine's Chat Completions reply and writes the Messages API's
+server-sent events as they come (`write`), then closes the message (`finish`); it also builds the
+whole message, which is the non-stream reply (`document`). The stream it writes, for text then a
+tool call:
 
     message_start                        at the engine's first chunk (usage follows at the end)
     content_block_start  text            at the first text (`thinking` for reasoning text)
@@ -29,19 +30,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from luftpause.dataplane.chatstream import (
-    Begin,
-    CallArgs,
-    CallStart,
-    Done,
-    Event,
-    Failed,
-    Finish,
-    Reasoning,
-    Text,
-    Used,
-)
+from luftpause.dataplane.chatstream import CallStart
 from luftpause.dataplane.reply import Usage
+from luftpause.dataplane.writer import PartWriter, frame
 
 STOP_REASONS = {
     "stop": "end_turn",
@@ -50,14 +41,6 @@ STOP_REASONS = {
     "function_call": "tool_use",
     "content_filter": "refusal",
 }
-
-
-def frame(event: str, data: dict[str, Any]) -> bytes:
-    """One server-sent event with its name, as the Messages API writes them."""
-    return b"event: %s\ndata: %s\n\n" % (
-        event.encode(),
-        json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(),
-    )
 
 
 def usage_document(usage: Usage | None) -> dict[str, int]:
@@ -82,57 +65,16 @@ def _input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-class MessagesWriter:
+class MessagesWriter(PartWriter):
     """Write chat events as a Messages API reply; see the module docstring."""
 
-    __slots__ = (
-        "_blocks",
-        "_calls",
-        "_ended",
-        "_id",
-        "_model",
-        "_open",
-        "_reason",
-        "_started",
-        "_stream",
-        "_usage",
-    )
+    __slots__ = ("_blocks", "_model")
 
     def __init__(self, model: str, *, stream: bool = True) -> None:
+        super().__init__(stream=stream)
         self._model = model
-        self._stream = stream
-        self._id = ""
-        self._started = False
-        self._ended = False
         # The content blocks so far; a tool_use block keeps its arguments as text until the end.
         self._blocks: list[dict[str, Any]] = []
-        # The open block: its index, and ("text" | "thinking" | call index).
-        self._open: tuple[int, str | int] | None = None
-        # Chat tool call index -> its block's index.
-        self._calls: dict[int, int] = {}
-        self._reason = ""
-        self._usage: Usage | None = None
-
-    def write(self, events: list[Event]) -> bytes:
-        """The frames these events make (b"" when not streaming)."""
-        out: list[bytes] = []
-        for event in events:
-            self._event(event, out)
-        return b"".join(out) if self._stream else b""
-
-    def finish(self) -> bytes:
-        """Close the message (message_delta, message_stop) unless it was closed or failed."""
-        if self._ended:
-            return b""
-        out: list[bytes] = []
-        self._start(out)
-        self._close(out)
-        self._ended = True
-        delta = {"stop_reason": self._stop_reason(), "stop_sequence": None}
-        usage = usage_document(self._usage)
-        self._emit(out, "message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
-        self._emit(out, "message_stop", {"type": "message_stop"})
-        return b"".join(out) if self._stream else b""
 
     def document(self) -> dict[str, Any]:
         """The whole message as the events so far made it."""
@@ -162,83 +104,49 @@ class MessagesWriter:
 
     def _emit(self, out: list[bytes], name: str, data: dict[str, Any]) -> None:
         if self._stream:
-            out.append(frame(name, data))
+            out.append(frame(name, {"type": name, **data}))
 
-    def _event(self, event: Event, out: list[bytes]) -> None:
-        if self._ended:
-            return
-        if isinstance(event, Begin):
-            self._id = self._id or event.id
-            self._start(out)
-        elif isinstance(event, Text):
-            self._text("text", event.text, out)
-        elif isinstance(event, Reasoning):
-            self._text("thinking", event.text, out)
-        elif isinstance(event, CallStart):
-            self._call_start(event, out)
-        elif isinstance(event, CallArgs):
-            self._call_args(event, out)
-        elif isinstance(event, Finish):
-            self._reason = event.reason
-            self._close(out)
-        elif isinstance(event, Used):
-            self._usage = event.usage
-        elif isinstance(event, Failed):
-            self._ended = True
-            error = {"type": "api_error", "message": event.message}
-            self._emit(out, "error", {"type": "error", "error": error})
-        elif isinstance(event, Done):
-            out.append(self.finish())
-
-    def _start(self, out: list[bytes]) -> None:
-        if self._started:
-            return
-        self._started = True
+    def _begin(self, out: list[bytes]) -> None:
         message = {**self.document(), "stop_reason": None, "usage": usage_document(None)}
-        self._emit(out, "message_start", {"type": "message_start", "message": message})
+        self._emit(out, "message_start", {"message": message})
 
-    def _open_block(self, block: dict[str, Any], key: str | int, out: list[bytes]) -> int:
-        self._start(out)
-        self._close(out)
+    def _open_block(self, block: dict[str, Any], out: list[bytes]) -> int:
         index = len(self._blocks)
         self._blocks.append(block)
-        self._open = (index, key)
-        start = {"type": "content_block_start", "index": index, "content_block": block}
-        self._emit(out, "content_block_start", start)
+        self._emit(out, "content_block_start", {"index": index, "content_block": block})
         return index
 
-    def _close(self, out: list[bytes]) -> None:
-        if self._open is not None:
-            index = self._open[0]
-            self._open = None
-            self._emit(out, "content_block_stop", {"type": "content_block_stop", "index": index})
+    def _open_text(self, kind: str, out: list[bytes]) -> int:
+        if kind == "text":
+            return self._open_block({"type": "text", "text": ""}, out)
+        return self._open_block({"type": "thinking", "thinking": "", "signature": ""}, out)
 
-    def _text(self, kind: str, text: str, out: list[bytes]) -> None:
-        if self._open is not None and self._open[1] == kind:
-            index = self._open[0]
-        elif kind == "text":
-            index = self._open_block({"type": "text", "text": ""}, kind, out)
-        else:
-            index = self._open_block(
-                {"type": "thinking", "thinking": "", "signature": ""}, kind, out
-            )
-        self._blocks[index][kind] += text
-        delta = {"type": f"{kind}_delta", kind: text}
-        data = {"type": "content_block_delta", "index": index, "delta": delta}
-        self._emit(out, "content_block_delta", data)
+    def _add_text(self, index: int, kind: str, text: str, out: list[bytes]) -> None:
+        field = "text" if kind == "text" else "thinking"
+        self._blocks[index][field] += text
+        delta = {"type": f"{field}_delta", field: text}
+        self._emit(out, "content_block_delta", {"index": index, "delta": delta})
 
-    def _call_start(self, event: CallStart, out: list[bytes]) -> None:
-        call_id = event.id or f"toolu_{self._message_id()[4:]}_{event.index}"
-        block = {"type": "tool_use", "id": call_id, "name": event.name, "input": {}}
-        self._calls[event.index] = index = self._open_block(block, event.index, out)
+    def _open_call(self, call: CallStart, out: list[bytes]) -> int:
+        call_id = call.id or f"toolu_{self._message_id()[4:]}_{call.index}"
+        block = {"type": "tool_use", "id": call_id, "name": call.name, "input": {}}
+        index = self._open_block(block, out)
         self._blocks[index] = {**block, "input": ""}  # the arguments' text, until the end
+        return index
 
-    def _call_args(self, event: CallArgs, out: list[bytes]) -> None:
-        index = self._calls.get(event.index)
-        if index is None:
-            return
-        self._blocks[index]["input"] += event.text
-        if self._open is not None and self._open == (index, event.index):
-            delta = {"type": "input_json_delta", "partial_json": event.text}
-            data = {"type": "content_block_delta", "index": index, "delta": delta}
-            self._emit(out, "content_block_delta", data)
+    def _add_args(self, index: int, text: str, live: bool, out: list[bytes]) -> None:
+        self._blocks[index]["input"] += text
+        if live:
+            delta = {"type": "input_json_delta", "partial_json": text}
+            self._emit(out, "content_block_delta", {"index": index, "delta": delta})
+
+    def _close_part(self, index: int, out: list[bytes]) -> None:
+        self._emit(out, "content_block_stop", {"index": index})
+
+    def _end(self, out: list[bytes]) -> None:
+        delta = {"stop_reason": self._stop_reason(), "stop_sequence": None}
+        self._emit(out, "message_delta", {"delta": delta, "usage": usage_document(self._usage)})
+        self._emit(out, "message_stop", {})
+
+    def _fail(self, message: str, out: list[bytes]) -> None:
+        self._emit(out, "error", {"error": {"type": "api_error", "message": message}})
