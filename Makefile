@@ -11,7 +11,7 @@ CHROMIUM := /usr/bin/chromium
 HARNESSES := harnesses/node_modules/.installed
 
 .PHONY: install browser docker-tools up test lint typecheck pytest proto soak bench bench-real \
-	bench-matrix bench-ratelimit bench-harnesses calibrate wheel images release clean
+	bench-matrix bench-ratelimit calibrate wheel images release clean
 
 install: $(STAMP) browser $(HARNESSES)
 
@@ -84,6 +84,8 @@ bench: install
 	$(BIN)/python -m bench.scheduler_core
 	$(BIN)/python -m bench.admit_rtt
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.overhead --apis
+	$(BIN)/python -m bench.claude_fanout
 	$(BIN)/python -m bench.flood
 	$(BIN)/python -m bench.flood_mcp
 	$(FLOOD2) --batch 0 --window-s 30 --out flood_unloaded
