@@ -242,6 +242,7 @@ class Seen:
     body: bytes
     peer: tuple[str, int]
     path: str = "/v1/chat/completions"
+    query: str = ""
 
 
 @dataclass
@@ -257,7 +258,9 @@ class FakeEngine:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         peer = request.transport.get_extra_info("peername") if request.transport else ("", 0)
-        self.seen.append(Seen(dict(request.headers), body, peer, request.path))
+        self.seen.append(
+            Seen(dict(request.headers), body, peer, request.path, request.query_string)
+        )
         self.changes.notify()
         try:
             if self.handler is not None:

@@ -55,10 +55,12 @@ async def native() -> AsyncIterator[Stack]:
 
 async def test_a_messages_turn_to_a_chat_engine_is_translated_both_ways(stack: Stack) -> None:
     async with asyncio.timeout(10):
-        status, headers, data = await stack.post(anthropic(), MESSAGES, **CLAUDE_HEADERS)
+        status, headers, data = await stack.post(
+            anthropic(), MESSAGES + "?beta=true", **CLAUDE_HEADERS
+        )
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     seen = stack.engine.seen[-1]
-    assert seen.path == "/v1/chat/completions"
+    assert (seen.path, seen.query) == ("/v1/chat/completions", "")
     sent = json.loads(seen.body)
     assert sent["messages"] == [{"role": "user", "content": "hi"}]
     assert sent["stream_options"] == {"include_usage": True}
@@ -85,11 +87,11 @@ async def test_a_messages_turn_to_an_engine_serving_it_goes_and_comes_back_uncha
     native.engine.chunks = [reply[:50], reply[50:]]
     body = json.dumps(anthropic(thinking={"type": "adaptive"})).encode()
     async with asyncio.timeout(10):
-        status, headers, data = await native.post(body, MESSAGES, **CLAUDE_HEADERS)
+        status, headers, data = await native.post(body, MESSAGES + "?beta=true", **CLAUDE_HEADERS)
         events = await native.turn_events(native.scheduler.admits[-1].turn_id, 3)
     assert status == 200 and data == reply
     seen = native.engine.seen[-1]
-    assert seen.path == MESSAGES and seen.body == body
+    assert (seen.path, seen.query, seen.body) == (MESSAGES, "beta=true", body)
     assert seen.headers["anthropic-version"] == "2023-06-01"
     assert seen.headers["anthropic-beta"] == CLAUDE_HEADERS["anthropic-beta"]
     assert seen.headers["x-api-key"] == ENGINE_KEY and "Authorization" not in seen.headers

@@ -199,8 +199,8 @@ async def _attempt(
     addressed = _address(request, dp, door, ask, turn, placement)
     if isinstance(addressed, web.StreamResponse):
         return addressed
-    upstream, headers, body = addressed
-    sent = await _send(dp, door, turn, placement, upstream, headers, body)
+    upstream, url, headers, body = addressed
+    sent = await _send(dp, door, turn, placement, url, headers, body)
     if isinstance(sent, web.StreamResponse):
         return sent
     engine, slot_wait, sent_at = sent
@@ -287,10 +287,10 @@ def _address(
     ask: Ask,
     turn: Turn,
     placement: wire.Placement,
-) -> tuple[Upstream, dict[str, str], bytes] | web.Response:
-    """What goes to the placed replica: the request as it is or translated, the headers with
-    the engine's key, and the body with the fields the placement sets; or the client's error
-    when the replica cannot take it."""
+) -> tuple[Upstream, str, dict[str, str], bytes] | web.Response:
+    """What goes to the placed replica: the request as it is (its query string too) or
+    translated, its URL, the headers with the engine's key, and the body with the fields the
+    placement sets; or the client's error when the replica cannot take it."""
     replica_id = placement.replica_id
     served = dp.served_by(replica_id)
     try:
@@ -316,7 +316,10 @@ def _address(
     if priority is not None or slot is not None:  # most engines take the client's body as is
         fields = {"priority": priority, "id_slot": slot}
         body = with_fields(body, {k: v for k, v in fields.items() if v is not None})
-    return upstream, headers, body
+    url = placement.replica_url.rstrip("/") + upstream.path
+    if request.query_string and not upstream.translated:
+        url += "?" + request.query_string  # Claude Code's `?beta=true`
+    return upstream, url, headers, body
 
 
 async def _send(
@@ -324,7 +327,7 @@ async def _send(
     door: Door,
     turn: Turn,
     placement: wire.Placement,
-    upstream: Upstream,
+    url: str,
     headers: dict[str, str],
     body: bytes,
 ) -> tuple[EngineResponse, float, float] | web.Response:
@@ -348,7 +351,6 @@ async def _send(
             restore=placement.slot_restore,
         )
         slot_wait = time.perf_counter() - preparing
-    url = placement.replica_url.rstrip("/") + upstream.path
     sent_at = time.perf_counter()
     try:
         engine = await dp.transport.send(url, headers, body)
