@@ -32,11 +32,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, cast
 
 from luftpause.dataplane.apis import error_message
 from luftpause.dataplane.reply import ReplySummary, Usage, summarize, usage_of
 from luftpause.dataplane.sse import LineDecoder
+
+_decode = json.JSONDecoder().decode
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,16 +107,18 @@ class _Facts:
         self.first_token = False
 
     def note(self, event: Event) -> None:
-        if isinstance(event, Text | Reasoning):
-            self.first_token = self.first_token or bool(event.text)
-        elif isinstance(event, CallStart):
+        kind = type(event)  # the events are final classes: `is` is the cheap test
+        if kind is Text or kind is Reasoning:
+            self.first_token = self.first_token or bool(cast(Text, event).text)
+        elif kind is CallStart:
+            call = cast(CallStart, event)
             self.first_token = self.any_calls = True
-            if event.id and event.id not in self.ids:
-                self.ids.append(event.id)
-        elif isinstance(event, Finish):
-            self.finish_reason = event.reason
-        elif isinstance(event, Used):
-            self.usage = event.usage
+            if call.id and call.id not in self.ids:
+                self.ids.append(call.id)
+        elif kind is Finish:
+            self.finish_reason = cast(Finish, event).reason
+        elif kind is Used:
+            self.usage = cast(Used, event).usage
 
     def summary(self) -> ReplySummary:
         return summarize(self.finish_reason, self.usage, self.ids, self.any_calls)
@@ -167,10 +171,10 @@ class ChatReader:
                 out.append(Done())
                 continue
             try:
-                chunk = json.loads(payload)
+                chunk = _decode(payload.decode("utf-8", "replace"))
             except ValueError:
                 continue
-            if isinstance(chunk, Mapping):
+            if isinstance(chunk, dict):
                 out.extend(self._chunk(chunk))
         for event in out:
             self._facts.note(event)
@@ -185,10 +189,10 @@ class ChatReader:
             yield _begin(chunk)
         choices = chunk.get("choices")
         for choice in choices if isinstance(choices, list) else ():
-            if not isinstance(choice, Mapping) or choice.get("index", 0) != 0:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
-            if isinstance(delta, Mapping):
+            if isinstance(delta, dict):
                 yield from self._delta(delta)
             reason = choice.get("finish_reason")
             if isinstance(reason, str) and reason:
@@ -204,7 +208,7 @@ class ChatReader:
             yield Text(text)
         calls = delta.get("tool_calls")
         for position, call in enumerate(calls if isinstance(calls, list) else ()):
-            if isinstance(call, Mapping):
+            if isinstance(call, dict):
                 yield from self._call(call, position)
 
     def _call(self, call: Mapping[str, Any], position: int) -> Iterator[Event]:
@@ -212,7 +216,7 @@ class ChatReader:
         if not isinstance(index, int):
             index = position
         function = call.get("function")
-        function = function if isinstance(function, Mapping) else {}
+        function = function if isinstance(function, dict) else {}
         if index not in self._calls:
             call_id = call.get("id")
             self._calls[index] = call_id if isinstance(call_id, str) else ""

@@ -24,6 +24,7 @@ is the whole reply as the events so far made it, the non-stream reply.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from luftpause.dataplane.chatstream import (
@@ -40,13 +41,12 @@ from luftpause.dataplane.chatstream import (
 )
 from luftpause.dataplane.reply import Usage
 
+_encode = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
 
 def frame(event: str, data: dict[str, Any]) -> bytes:
     """One server-sent event with its name, as both APIs write them."""
-    return b"event: %s\ndata: %s\n\n" % (
-        event.encode(),
-        json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(),
-    )
+    return f"event: {event}\ndata: {_encode(data)}\n\n".encode()
 
 
 class PartWriter:
@@ -100,33 +100,41 @@ class PartWriter:
         raise NotImplementedError
 
     def _event(self, event: Event, out: list[bytes]) -> None:
-        if self._ended:
-            return
-        if isinstance(event, Begin):
-            self._id = self._id or event.id
-            self._created = self._created or event.created
-            self._start(out)
-        elif isinstance(event, Text | Reasoning):
-            self._text("text" if isinstance(event, Text) else "reasoning", event.text, out)
-        elif isinstance(event, CallStart):
-            self._start(out)
-            self._close(out)
-            self._calls[event.index] = index = self._open_call(event, out)
-            self._open = (index, event.index)
-        elif isinstance(event, CallArgs):
-            part = self._calls.get(event.index)
-            if part is not None:
-                self._add_args(part, event.text, self._open == (part, event.index), out)
-        elif isinstance(event, Finish):
-            self._reason = event.reason
-            self._close(out)
-        elif isinstance(event, Used):
-            self._usage = event.usage
-        elif isinstance(event, Failed):
-            self._ended = True
-            self._fail(event.message, out)
-        elif isinstance(event, Done):
-            out.append(self.finish())
+        if not self._ended:
+            _STEPS[type(event)](self, event, out)
+
+    def _on_text(self, event: Text | Reasoning, out: list[bytes]) -> None:
+        self._text("text" if type(event) is Text else "reasoning", event.text, out)
+
+    def _on_args(self, event: CallArgs, out: list[bytes]) -> None:
+        part = self._calls.get(event.index)
+        if part is not None:
+            self._add_args(part, event.text, self._open == (part, event.index), out)
+
+    def _on_begin(self, event: Begin, out: list[bytes]) -> None:
+        self._id = self._id or event.id
+        self._created = self._created or event.created
+        self._start(out)
+
+    def _on_call(self, event: CallStart, out: list[bytes]) -> None:
+        self._start(out)
+        self._close(out)
+        self._calls[event.index] = index = self._open_call(event, out)
+        self._open = (index, event.index)
+
+    def _on_finish(self, event: Finish, out: list[bytes]) -> None:
+        self._reason = event.reason
+        self._close(out)
+
+    def _on_usage(self, event: Used, out: list[bytes]) -> None:
+        self._usage = event.usage
+
+    def _on_failure(self, event: Failed, out: list[bytes]) -> None:
+        self._ended = True
+        self._fail(event.message, out)
+
+    def _on_done(self, event: Done, out: list[bytes]) -> None:
+        out.append(self.finish())
 
     def _start(self, out: list[bytes]) -> None:
         if not self._started:
@@ -174,3 +182,17 @@ class PartWriter:
 
     def _fail(self, message: str, out: list[bytes]) -> None:
         raise NotImplementedError
+
+
+# Each event's step, by its class (one dict lookup per event, on the hot path of every chunk).
+_STEPS: dict[type, Callable[[PartWriter, Any, list[bytes]], None]] = {
+    Text: PartWriter._on_text,
+    Reasoning: PartWriter._on_text,
+    CallArgs: PartWriter._on_args,
+    Begin: PartWriter._on_begin,
+    CallStart: PartWriter._on_call,
+    Finish: PartWriter._on_finish,
+    Used: PartWriter._on_usage,
+    Failed: PartWriter._on_failure,
+    Done: PartWriter._on_done,
+}
