@@ -31,8 +31,6 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
 from bench.common import write_result
 from luftpause.testkit.harnesses import ClaudeCode, HarnessStack, pinned, start_harness_stack
 
@@ -69,21 +67,10 @@ def script(arm: str, agents: int) -> dict[str, Any]:
     return {"offers": ["mcp__luftpause__spawn", "mcp__luftpause__run"], "replies": replies}
 
 
-async def _tree(stack: HarnessStack) -> list[dict[str, Any]]:
-    headers = {"Authorization": f"Bearer {stack.token}"}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(stack.runtime + "/status", headers=headers) as resp,
-    ):
-        resp.raise_for_status()
-        tree: list[dict[str, Any]] = (await resp.json())["tree"]
-    return tree
-
-
 async def session(stack: HarnessStack, arm: str, agents: int, home: Path) -> dict[str, Any]:
     """One Claude Code session of `arm`; what it took."""
     await stack.script(script(arm, agents))
-    known = {run["handle"] for run in await _tree(stack)}
+    known = {run["handle"] for run in await stack.runs()}
     claude = ClaudeCode(base_url=stack.dataplane, home=home, api_key=stack.token)
     config = claude.mcp_config("luftpause", stack.mcp, {"Authorization": f"Bearer {stack.token}"})
     ran = await claude.run(
@@ -97,7 +84,7 @@ async def session(stack: HarnessStack, arm: str, agents: int, home: Path) -> dic
     if ran.returncode != 0:
         raise RuntimeError(f"claude exited {ran.returncode}: {ran.stderr[-2000:]}")
     output = ran.json()
-    runs = [run for run in await _tree(stack) if run["handle"] not in known]
+    runs = [run for run in await stack.runs() if run["handle"] not in known]
     if len(runs) != agents or any(run["state"] != "finished" for run in runs):
         raise RuntimeError(f"{arm}: expected {agents} finished sub-agents, got {runs}")
     busy = [run["own"]["turnSeconds"] + run["own"]["toolSeconds"] for run in runs]

@@ -433,11 +433,16 @@ def main() -> None:
         args.out = "overhead_pinned" if args.pin else "overhead"
     result = uvloop.run(run(args))
     text = table(result)
+    save("overhead", args, result, text)
+
+
+def save(benchmark: str, args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    """Print the table and write the results with the run's settings."""
     print(text)
     path = write_result(
         args.out,
         {
-            "benchmark": "overhead",
+            "benchmark": benchmark,
             "rounds": args.rounds,
             "requests_per_round": args.requests,
             "results": result,

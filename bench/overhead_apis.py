@@ -34,8 +34,7 @@ from typing import Any
 
 import uvloop
 
-from bench.common import write_result
-from bench.overhead import INSTANT, _compare, _spread, arm
+from bench.overhead import INSTANT, _compare, _spread, arm, save
 from luftpause.testkit.stack import SIM_MODEL, Endpoint, LocalStack, write_endpoints
 
 PROMPT = "ping " * 20
@@ -168,19 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="overhead_apis", help="result name under bench/results/")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     result = uvloop.run(run(args))
-    text = table(result, args.concurrency)
-    print(text)
-    path = write_result(
-        args.out,
-        {
-            "benchmark": "overhead --apis",
-            "rounds": args.rounds,
-            "requests_per_round": args.requests,
-            "results": result,
-            "table": text,
-        },
-    )
-    print(f"wrote {path}")
+    save("overhead --apis", args, result, table(result, args.concurrency))
 
 
 if __name__ == "__main__":

@@ -67,6 +67,18 @@ class Stack:
         async with self.http.post(self.url + path, headers=headers, **kwargs) as resp:
             return resp.status, dict(resp.headers), await resp.read()
 
+    async def read_cut(self, path: str, body: Any) -> tuple[bytes, bool]:
+        """POST a streamed turn; the bytes it got, and whether the stream was cut off."""
+        received = b""
+        async with self.http.post(self.url + path, json=body) as resp:
+            assert resp.status == 200
+            try:
+                async for chunk in resp.content.iter_any():
+                    received += chunk
+            except aiohttp.ClientPayloadError:
+                return received, True
+        return received, False
+
     async def turn_events(self, turn_id: str, count: int) -> list[str]:
         """The kinds of the turn's reported events, once `count` of them arrived."""
         await self.scheduler.changes.until(lambda: len(self.scheduler.events_of(turn_id)) >= count)

@@ -1,27 +1,12 @@
-"""What the MCP runtime says of the runs a harness spawned, read as its own clients read it."""
+"""The results of the runs a harness spawned, read as the runtime's own MCP clients read them."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import aiohttp
 import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from luftpause.testkit.harnesses import HarnessStack
-
-
-async def runs(stack: HarnessStack) -> list[dict[str, Any]]:
-    """The runtime's run tree (`GET /status`), roots only."""
-    headers = {"Authorization": f"Bearer {stack.token}"}
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(stack.runtime + "/status", headers=headers) as resp,
-    ):
-        resp.raise_for_status()
-        tree: list[dict[str, Any]] = (await resp.json())["tree"]
-    return tree
 
 
 async def results(stack: HarnessStack, handles: list[str]) -> list[str]:

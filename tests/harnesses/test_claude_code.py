@@ -16,7 +16,7 @@ import pytest
 
 from luftpause.testkit.harnesses import ClaudeCode, HarnessStack
 from luftpause.testkit.status import fetch_status
-from tests.harnesses.runtime import results, runs
+from tests.harnesses.runtime import results
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -118,7 +118,7 @@ async def test_claude_code_spawns_three_sub_agents_and_awaits_them_in_one_call(
     config = claude.mcp_config(
         "luftpause", stack.mcp, {"Authorization": "Bearer ${LUFTPAUSE_TOKEN}"}
     )
-    known = {run["handle"] for run in await runs(stack)}
+    known = {run["handle"] for run in await stack.runs()}
     async with asyncio.timeout(120):
         ran = await claude.run(
             "Look up the lengths of three rivers with sub-agents.",
@@ -130,7 +130,7 @@ async def test_claude_code_spawns_three_sub_agents_and_awaits_them_in_one_call(
             timeout=90,
         )
         assert ran.returncode == 0, ran.stderr[-2000:]
-        spawned = [run for run in await runs(stack) if run["handle"] not in known]
+        spawned = [run for run in await stack.runs() if run["handle"] not in known]
         answers = await results(stack, [run["handle"] for run in spawned])
     assert sorted(run["task"] for run in spawned) == sorted(f"How long is the {r}?" for r in rivers)
     assert all(run["state"] == "finished" and run["own"]["toolCalls"] >= 1 for run in spawned)

@@ -15,7 +15,7 @@ import pytest
 
 from luftpause.testkit.harnesses import Codex, HarnessStack
 from luftpause.testkit.status import fetch_status
-from tests.harnesses.runtime import results, runs
+from tests.harnesses.runtime import results
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -81,7 +81,7 @@ async def test_codex_spawns_sub_agents_over_mcp_and_awaits_them_in_one_call(
     )
     codex = Codex(base_url=stack.dataplane, home=tmp_path / "home", api_key=stack.token)
     codex.configure({"luftpause": stack.mcp}, mcp_token_env="LUFTPAUSE_TOKEN")
-    known = {run["handle"] for run in await runs(stack)}
+    known = {run["handle"] for run in await stack.runs()}
     async with asyncio.timeout(120):
         ran = await codex.run(
             "Look up two rivers with sub-agents.",
@@ -90,7 +90,7 @@ async def test_codex_spawns_sub_agents_over_mcp_and_awaits_them_in_one_call(
             timeout=90,
         )
         assert ran.returncode == 0, ran.stderr[-2000:]
-        spawned = [run for run in await runs(stack) if run["handle"] not in known]
+        spawned = [run for run in await stack.runs() if run["handle"] not in known]
         answers = await results(stack, [run["handle"] for run in spawned])
     assert len(spawned) == 2 and all(run["state"] == "finished" for run in spawned)
     # Codex says what it calls: two spawns, then one await.

@@ -189,13 +189,18 @@ class ChatDoor:
         return _passed(ask, SseObserver, summarize_completion)
 
 
-class MessagesDoor:
-    """`POST /v1/messages` (Claude Code's)."""
+class _TranslatableDoor:
+    """A door whose API an engine may serve itself; translated to Chat Completions otherwise.
+    A subclass names its API's request module (`read_request`, `echoed_ids`, `opening`), its
+    observer and body summary for a reply passed unchanged, and its translation."""
 
-    api = Api.MESSAGES
+    api: Api
+    requests: Any  # the API's request module: `messages.request` or `responses.request`
+    observer: Callable[[], Observer]
+    summarize: Callable[[bytes], ReplySummary]
 
     def read(self, body: bytes) -> Ask:
-        request = messages_request.read_request(body)
+        request = self.requests.read_request(body)
         return Ask(
             api=self.api,
             model=request.model,
@@ -205,47 +210,46 @@ class MessagesDoor:
         )
 
     def echoed(self, ask: Ask) -> Iterable[str]:
-        return messages_request.echoed_ids(ask.parsed.doc)
+        echoed: Iterable[str] = self.requests.echoed_ids(ask.parsed.doc)
+        return echoed
 
     def opening(self, ask: Ask) -> tuple[Key, ...]:
-        return opening_keys(*messages_request.opening(ask.parsed.doc))
+        return opening_keys(*self.requests.opening(ask.parsed.doc))
 
     def upstream(self, ask: Ask, serves: frozenset[Api]) -> Upstream | None:
-        if Api.MESSAGES in serves:
-            return _passed(ask, MessagesObserver, summarize_message)
+        if self.api in serves:
+            return _passed(ask, self.observer, self.summarize)
         if Api.CHAT not in serves:
             return None
+        return self._translated(ask)
+
+    def _translated(self, ask: Ask) -> Upstream:
+        raise NotImplementedError
+
+
+class MessagesDoor(_TranslatableDoor):
+    """`POST /v1/messages` (Claude Code's)."""
+
+    api = Api.MESSAGES
+    requests = messages_request
+    observer = MessagesObserver
+    summarize = staticmethod(summarize_message)
+
+    def _translated(self, ask: Ask) -> Upstream:
         chat = messages_request.to_chat(ask.parsed)
         model = ask.model
         return _translated(ask, chat, lambda stream: MessagesWriter(model, stream=stream))
 
 
-class ResponsesDoor:
+class ResponsesDoor(_TranslatableDoor):
     """`POST /v1/responses` (Codex's)."""
 
     api = Api.RESPONSES
+    requests = responses_request
+    observer = ResponsesObserver
+    summarize = staticmethod(summarize_response)
 
-    def read(self, body: bytes) -> Ask:
-        request = responses_request.read_request(body)
-        return Ask(
-            api=self.api,
-            model=request.model,
-            max_tokens=request.max_tokens,
-            body=body,
-            parsed=request,
-        )
-
-    def echoed(self, ask: Ask) -> Iterable[str]:
-        return responses_request.echoed_ids(ask.parsed.doc)
-
-    def opening(self, ask: Ask) -> tuple[Key, ...]:
-        return opening_keys(*responses_request.opening(ask.parsed.doc))
-
-    def upstream(self, ask: Ask, serves: frozenset[Api]) -> Upstream | None:
-        if Api.RESPONSES in serves:
-            return _passed(ask, ResponsesObserver, summarize_response)
-        if Api.CHAT not in serves:
-            return None
+    def _translated(self, ask: Ask) -> Upstream:
         chat, names = responses_request.to_chat(ask.parsed)
         doc = ask.parsed.doc
         return _translated(ask, chat, lambda stream: ResponsesWriter(doc, names, stream=stream))

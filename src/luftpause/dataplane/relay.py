@@ -62,9 +62,7 @@ async def _refusal(
     try:
         data = await engine.read()
     except EngineStreamBroken as exc:
-        turn.failed(f"engine status {engine.status}, body broke off: {exc.message}")
-        message = f"engine {turn.replica_id}: {exc.message}"
-        return json_error(502, message, run_id=turn.run_id, api=api)
+        return _broke_off(turn, api, f"engine status {engine.status}, body broke off", exc)
     turn.response_bytes = len(data)
     turn.failed(f"engine status {engine.status}")
     headers = downstream_headers(engine.headers.items(), turn.run_id)
@@ -90,9 +88,7 @@ async def _body(
         body, summary = upstream.whole(data)
     except EngineStreamBroken as exc:
         log.warning("engine reply broke off", replica=turn.replica_id, error=exc.message)
-        turn.failed(f"engine reply broke off: {exc.message}")
-        message = f"engine {turn.replica_id}: {exc.message}"
-        return json_error(502, message, run_id=turn.run_id, api=api)
+        return _broke_off(turn, api, "engine reply broke off", exc)
     except ValueError:
         turn.response_bytes = len(data)
         turn.failed("engine reply is not a chat completion")
@@ -169,6 +165,13 @@ async def _stream(
     turn.finished(stream.summary())
     await resp.write_eof()
     return resp
+
+
+def _broke_off(turn: Turn, api: Api, what: str, exc: EngineStreamBroken) -> web.Response:
+    """The turn failed as the engine's body broke off: the client's 502."""
+    turn.failed(f"{what}: {exc.message}")
+    message = f"engine {turn.replica_id}: {exc.message}"
+    return json_error(502, message, run_id=turn.run_id, api=api)
 
 
 def _first_byte(dp: Dataplane, turn: Turn, arrived: float, own: float, received: float) -> None:

@@ -280,6 +280,17 @@ class HarnessStack:
                     out.append((await resp.json())["requests"])
         return out
 
+    async def runs(self) -> list[dict[str, Any]]:
+        """The runtime's run tree (`GET /status`), roots first."""
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(self.runtime + "/status", headers=headers) as resp,
+        ):
+            resp.raise_for_status()
+            tree: list[dict[str, Any]] = (await resp.json())["tree"]
+        return tree
+
     async def reset(self) -> None:
         """Clear the engines' request logs and counters."""
         async with aiohttp.ClientSession() as http:

@@ -19,12 +19,11 @@ handful per reply); `content_block_delta` payloads only until the first token, a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from luftpause.dataplane.reply import ReplySummary, Usage, summarize
-from luftpause.dataplane.sse import NamedEvents
+from luftpause.dataplane.reply import ReplySummary, Usage, json_object, summarize
+from luftpause.dataplane.sse import EventObserver
 
 FINISH_REASONS = {
     "end_turn": "stop",
@@ -85,39 +84,20 @@ class _Facts:
             self.finish_reason = FINISH_REASONS.get(reason, reason)
 
 
-class MessagesObserver:
+class MessagesObserver(EventObserver):
     """Watch a Messages API stream; `feed` says when the first token has just arrived."""
 
-    __slots__ = ("_events", "_facts", "first_token")
+    __slots__ = ("_facts",)
 
     def __init__(self) -> None:
-        self._events = NamedEvents()
+        super().__init__()
         self._facts = _Facts()
-        self.first_token = False
-
-    def feed(self, data: bytes) -> bool:
-        """Read a chunk of the stream; True iff it carried the first token."""
-        return self._read(self._events.feed(data))
-
-    def flush(self) -> bool:
-        """Read the unterminated tail at the end of the stream."""
-        return self._read(self._events.flush())
 
     def summary(self) -> ReplySummary:
         return self._facts.summary()
 
-    def _read(self, events: list[tuple[bytes, bytes]]) -> bool:
-        was = self.first_token
-        for name, payload in events:
-            if name == b"ping" or (self.first_token and name and name not in _ALWAYS):
-                continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                continue
-            if isinstance(event, Mapping):
-                self._event(event)
-        return self.first_token and not was
+    def _decodes(self, name: bytes) -> bool:
+        return name != b"ping" and not (self.first_token and name and name not in _ALWAYS)
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -143,11 +123,8 @@ class MessagesObserver:
 
 def summarize_message(body: bytes) -> ReplySummary:
     """Summarise a whole message body; an unreadable body gives an empty summary."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return ReplySummary()
-    if not isinstance(doc, Mapping):
+    doc = json_object(body)
+    if doc is None:
         return ReplySummary()
     facts = _Facts()
     content = doc.get("content")

@@ -17,12 +17,11 @@ Cost: by the event's name: `response.output_item.added` and the final `response.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from luftpause.dataplane.reply import ReplySummary, summarize, usage_of
-from luftpause.dataplane.sse import NamedEvents
+from luftpause.dataplane.reply import ReplySummary, json_object, summarize, usage_of
+from luftpause.dataplane.sse import EventObserver
 
 CALLS = frozenset({"function_call", "custom_tool_call"})
 _ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
@@ -80,42 +79,23 @@ class _Facts:
         return summarize(self.finish_reason, self.usage, self.ids, bool(self.ids))
 
 
-class ResponsesObserver:
+class ResponsesObserver(EventObserver):
     """Watch a Responses API stream; `feed` says when the first token has just arrived."""
 
-    __slots__ = ("_events", "_facts", "first_token")
+    __slots__ = ("_facts",)
 
     def __init__(self) -> None:
-        self._events = NamedEvents()
+        super().__init__()
         self._facts = _Facts()
-        self.first_token = False
-
-    def feed(self, data: bytes) -> bool:
-        """Read a chunk of the stream; True iff it carried the first token."""
-        return self._read(self._events.feed(data))
-
-    def flush(self) -> bool:
-        """Read the unterminated tail at the end of the stream."""
-        return self._read(self._events.flush())
 
     def summary(self) -> ReplySummary:
         return self._facts.summary()
 
-    def _read(self, events: list[tuple[bytes, bytes]]) -> bool:
-        was = self.first_token
-        for name, payload in events:
-            if name.endswith(b".delta"):
-                self.first_token = True
-                continue
-            if name and name not in _DECODED:
-                continue
-            try:
-                event = json.loads(payload)
-            except ValueError:
-                continue
-            if isinstance(event, Mapping):
-                self._event(event)
-        return self.first_token and not was
+    def _decodes(self, name: bytes) -> bool:
+        if name.endswith(b".delta"):
+            self.first_token = True  # its name says a token came: nothing to decode
+            return False
+        return not name or name in _DECODED
 
     def _event(self, event: Mapping[str, Any]) -> None:
         kind = event.get("type")
@@ -132,11 +112,8 @@ class ResponsesObserver:
 
 def summarize_response(body: bytes) -> ReplySummary:
     """Summarise a whole response body; an unreadable body gives an empty summary."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return ReplySummary()
-    if not isinstance(doc, Mapping):
+    doc = json_object(body)
+    if doc is None:
         return ReplySummary()
     facts = _Facts()
     facts.response(doc)
