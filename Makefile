@@ -6,11 +6,14 @@ STAMP   := $(VENV)/.installed
 PROTO   := proto/luftpause/rpc/scheduler.proto
 RPC_OUT := src
 CHROMIUM := /usr/bin/chromium
+# Claude Code and Codex, the real harnesses the tests drive (tests/harnesses/), at the versions
+# harnesses/package.json and its lockfile pin.
+HARNESSES := harnesses/node_modules/.installed
 
 .PHONY: install browser docker-tools up test lint typecheck pytest proto soak bench bench-real \
 	bench-matrix bench-ratelimit calibrate wheel images release clean
 
-install: $(STAMP) browser
+install: $(STAMP) browser $(HARNESSES)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +29,18 @@ browser:
 	  fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+# npm installs the pinned harnesses into harnesses/node_modules (no download at run time: each
+# package carries its binary); Node and npm come from Debian when missing. A no-op once done.
+$(HARNESSES): harnesses/package.json harnesses/package-lock.json
+	@command -v npm >/dev/null || { \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "npm is missing; as root run: apt-get install nodejs npm" >&2; exit 1; \
+	  fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
+	cd harnesses && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
 
 # Docker's engine, Compose (v1.29) and mmdebstrap, for the image builds and the container tests
 # (tests/deploy/test_compose.py starts dockerd itself); a no-op once they are there.
@@ -69,6 +84,8 @@ bench: install
 	$(BIN)/python -m bench.scheduler_core
 	$(BIN)/python -m bench.admit_rtt
 	$(BIN)/python -m bench.overhead
+	$(BIN)/python -m bench.overhead --apis
+	$(BIN)/python -m bench.claude_fanout
 	$(BIN)/python -m bench.flood
 	$(BIN)/python -m bench.flood_mcp
 	$(FLOOD2) --batch 0 --window-s 30 --out flood_unloaded
@@ -152,4 +169,4 @@ release:
 	done; done
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache dist
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache dist harnesses/node_modules

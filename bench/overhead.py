@@ -25,6 +25,9 @@ clients (this process) and the engine on the others. Without it every process sh
 and at 32 streams what an arm adds is mostly the CPU it takes from the clients and the engine.
 Results go to bench/results/overhead_pinned.json unless `--out` says otherwise.
 
+`--apis` measures the Messages and Responses doors instead, translated and passed through
+(`bench.overhead_apis`, bench/results/overhead_apis.json).
+
 Per phase and arm: latency to first byte and to completion (p50/p99, and what the arm adds
 over going direct), requests/s, and CPU per turn: utime+stime from /proc of the arm's own
 processes (the dataplane and the scheduler together; the router; the LiteLLM proxy), delta over
@@ -108,13 +111,19 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 async def arm(
-    url: str, concurrency: int, requests: int, stream: bool, pids: list[int]
+    url: str,
+    concurrency: int,
+    requests: int,
+    stream: bool,
+    pids: list[int],
+    payload: bytes | None = None,
 ) -> dict[str, Any]:
-    """One measured phase: warm every connection, then `requests` turns over `concurrency`."""
+    """One measured phase: warm every connection, then `requests` turns over `concurrency`
+    (each a chat completion unless `payload` says another request)."""
     connector = aiohttp.TCPConnector(limit=concurrency, keepalive_timeout=30)
     ttfb: list[float] = []
     total: list[float] = []
-    payload = body(stream)
+    payload = body(stream) if payload is None else payload
     headers = [
         {"Content-Type": "application/json", "x-luftpause-run-id": f"bench-{w}"}
         for w in range(concurrency)
@@ -405,6 +414,11 @@ def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
+    if "--apis" in sys.argv[1:]:  # the Messages and Responses doors (`bench.overhead_apis`)
+        from bench.overhead_apis import main as apis_main
+
+        apis_main([a for a in sys.argv[1:] if a != "--apis"])
+        return
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--requests", type=int, default=256, help="timed requests per arm per round")
@@ -419,11 +433,16 @@ def main() -> None:
         args.out = "overhead_pinned" if args.pin else "overhead"
     result = uvloop.run(run(args))
     text = table(result)
+    save("overhead", args, result, text)
+
+
+def save(benchmark: str, args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
+    """Print the table and write the results with the run's settings."""
     print(text)
     path = write_result(
         args.out,
         {
-            "benchmark": "overhead",
+            "benchmark": benchmark,
             "rounds": args.rounds,
             "requests_per_round": args.requests,
             "results": result,

@@ -235,3 +235,28 @@ def test_stated_limits_may_count_over_another_window() -> None:
     raw["endpoints"][0]["limits"] = {"window_s": 0}
     with pytest.raises(ConfigError, match="window_s must be seconds"):
         parse_config(raw)
+
+
+def test_an_endpoint_serves_chat_only_unless_its_apis_say_more() -> None:
+    plain, native = config(engine("a"), engine("b", apis=["messages", "responses"])).endpoints
+    assert plain.apis == frozenset({"chat"}) and plain.key_header == "authorization"
+    assert native.apis == frozenset({"messages", "responses"})
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"apis": []}, "apis must list some of chat, messages, responses"),
+        ({"apis": ["chat", "gemini"]}, "apis must list some of"),
+        ({"apis": [1]}, "apis must be a list of strings"),
+        ({"key_header": "api-key"}, "key_header must be authorization or x-api-key"),
+    ],
+)
+def test_apis_and_key_header_are_checked(extra: dict[str, Any], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        config(engine("a", **extra))
+
+
+def test_an_anthropic_endpoint_takes_its_key_in_x_api_key() -> None:
+    [endpoint] = config(engine("a", apis=["messages"], key_header="X-Api-Key")).endpoints
+    assert endpoint.key_header == "x-api-key"

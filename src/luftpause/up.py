@@ -258,6 +258,8 @@ def _banner(args: argparse.Namespace, models: tuple[str, ...]) -> str:
             "the stack is up.",
             f"  OpenAI-compatible base_url: {base}   (models: {', '.join(models) or 'none'}, "
             + "any api_key)",
+            f"  Anthropic base URL:         {base.removesuffix('/v1')}   "
+            + f"(Claude Code: ANTHROPIC_BASE_URL, claude --model {model})",
             f"  scheduler status page:      http://127.0.0.1:{args.http_port}/",
             f"  MCP runtime (sub-agents):   http://127.0.0.1:{args.runtime_port}/mcp",
             f"  fake MCP tools:             http://127.0.0.1:{args.mcp_port}/mcp",

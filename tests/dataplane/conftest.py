@@ -16,7 +16,7 @@ from aiohttp import web
 
 from luftpause.common.keys import KeysFile
 from luftpause.dataplane.app import build_app, start_server
-from luftpause.dataplane.context import DATAPLANE, Dataplane
+from luftpause.dataplane.context import DATAPLANE, Dataplane, Served
 from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
 from tests.dataplane.fakes import MODEL, FakeEngine, FakeScheduler, start_engine, start_scheduler
 
@@ -58,13 +58,26 @@ class Stack:
         body.update(extra)
         return body
 
-    async def post(self, body: Any, **headers: str) -> tuple[int, dict[str, str], bytes]:
-        """POST a chat completion; status, headers and body bytes."""
+    async def post(
+        self, body: Any, path: str = "/v1/chat/completions", **headers: str
+    ) -> tuple[int, dict[str, str], bytes]:
+        """POST a chat completion (or a turn of another API at `path`); status, headers and
+        body bytes."""
         kwargs: dict[str, Any] = {"data": body} if isinstance(body, bytes) else {"json": body}
-        async with self.http.post(
-            self.url + "/v1/chat/completions", headers=headers, **kwargs
-        ) as resp:
+        async with self.http.post(self.url + path, headers=headers, **kwargs) as resp:
             return resp.status, dict(resp.headers), await resp.read()
+
+    async def read_cut(self, path: str, body: Any) -> tuple[bytes, bool]:
+        """POST a streamed turn; the bytes it got, and whether the stream was cut off."""
+        received = b""
+        async with self.http.post(self.url + path, json=body) as resp:
+            assert resp.status == 200
+            try:
+                async for chunk in resp.content.iter_any():
+                    received += chunk
+            except aiohttp.ClientPayloadError:
+                return received, True
+        return received, False
 
     async def turn_events(self, turn_id: str, count: int) -> list[str]:
         """The kinds of the turn's reported events, once `count` of them arrived."""
@@ -78,6 +91,7 @@ async def running_stack(
     token: bytes | None = None,
     local_placement: bool = True,
     keys: KeysFile | None = None,
+    served: dict[str, Served] | None = None,
 ) -> AsyncIterator[Stack]:
     engine = FakeEngine()
     engine_runner, engine_url = await start_engine(engine)
@@ -92,6 +106,7 @@ async def running_stack(
         token=token,
         keys=keys,
         local_placement=local_placement,
+        served=served,
     )
     runner, port = await start_server(app, "127.0.0.1", 0)
     http = aiohttp.ClientSession()

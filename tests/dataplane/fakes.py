@@ -241,6 +241,8 @@ class Seen:
     headers: dict[str, str]
     body: bytes
     peer: tuple[str, int]
+    path: str = "/v1/chat/completions"
+    query: str = ""
 
 
 @dataclass
@@ -256,7 +258,9 @@ class FakeEngine:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         peer = request.transport.get_extra_info("peername") if request.transport else ("", 0)
-        self.seen.append(Seen(dict(request.headers), body, peer))
+        self.seen.append(
+            Seen(dict(request.headers), body, peer, request.path, request.query_string)
+        )
         self.changes.notify()
         try:
             if self.handler is not None:
@@ -278,7 +282,11 @@ class FakeEngine:
 
 async def start_engine(engine: FakeEngine) -> tuple[web.AppRunner, str]:
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", engine.handle)
+    # One handler for every API it may be said to serve (`Served.apis`): the test says what
+    # it answers (`chunks`, `handler`) and reads where each request went (`Seen.path`).
+    for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
+        app.router.add_post(path, engine.handle)
+    app.router.add_post("/v1/messages/count_tokens", engine.handle)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -257,18 +257,8 @@ async def test_engine_breaking_mid_stream_cuts_the_client_off_without_done(stack
         return resp
 
     stack.engine.handler = breaks
-    received = b""
     async with asyncio.timeout(10):
-        async with stack.http.post(
-            stack.url + "/v1/chat/completions", json=stack.chat(stream=True)
-        ) as resp:
-            assert resp.status == 200
-            try:
-                async for chunk in resp.content.iter_any():
-                    received += chunk
-                cut_off = False
-            except aiohttp.ClientPayloadError:
-                cut_off = True
+        received, cut_off = await stack.read_cut("/v1/chat/completions", stack.chat(stream=True))
         turn_id = stack.scheduler.admits[-1].turn_id
         events = await stack.turn_events(turn_id, 3)
     assert cut_off and received == b"".join(sent)

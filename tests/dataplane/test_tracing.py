@@ -120,3 +120,21 @@ async def test_a_refused_turn_ends_its_span_with_the_status(
     span = only_span(exported)
     assert dict(span.attributes or {})["http.response.status_code"] == 404
     assert json.loads(body)["error"]["message"]
+
+
+async def test_a_messages_turn_is_traced_on_its_own_route_with_the_api_it_was_sent_in(
+    traced_stack: Stack, exported: InMemorySpanExporter
+) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 9,
+        "stream": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    status, _, _ = await traced_stack.post(body, "/v1/messages")
+    assert status == 200
+    attributes = dict(only_span(exported).attributes or {})
+    assert attributes["http.route"] == "/v1/messages"
+    assert attributes["luftpause.upstream_api"] == "chat"
+    assert attributes["luftpause.translated"] is True
+    assert attributes["gen_ai.usage.input_tokens"] == 12  # read from the translated stream

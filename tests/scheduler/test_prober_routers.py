@@ -110,12 +110,18 @@ class FakeServer:
     metrics_status: int = 200
     metrics_delay: float = 0.0
     require_key: str | None = None
+    # Anthropic's way: the key in x-api-key, and no answer without anthropic-version.
+    anthropic: bool = False
     url: str = ""
     health_hits: int = 0
     metrics_hits: int = 0
 
     def _authorised(self, request: web.Request) -> bool:
         key = self.require_key
+        if self.anthropic:
+            return (
+                request.headers.get("x-api-key") == key and "anthropic-version" in request.headers
+            )
         return key is None or request.headers.get("Authorization") == f"Bearer {key}"
 
     async def health(self, request: web.Request) -> web.Response:
@@ -291,6 +297,26 @@ async def test_probes_carry_the_key_and_fail_without_it(monkeypatch: pytest.Monk
             assert not host.state.replicas["hosted"].healthy
             monkeypatch.setenv("HOSTED_KEY", "secret")
             await until(host, "hosted", lambda r: r.healthy)
+
+
+async def test_an_anthropic_endpoints_probe_sends_its_key_as_anthropic_wants_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hosted = FakeServer(require_key="secret", anthropic=True)
+    async with running(hosted):
+        eps = endpoints(
+            {
+                "id": "anthropic",
+                "url": hosted.url,
+                "models": ["m"],
+                "api_key_env": "ANTHROPIC_KEY",
+                "key_header": "x-api-key",
+                "apis": ["messages"],
+            }
+        )
+        monkeypatch.setenv("ANTHROPIC_KEY", "secret")
+        async with probing(eps) as host:
+            await until(host, "anthropic", lambda r: r.healthy)
 
 
 # --- engine slots (llama.cpp /props) ---------------------------------------------------------

@@ -64,21 +64,24 @@ def test_a_request_with_tools_gets_a_tool_call_while_tool_results_are_fewer_than
 ) -> None:
     reply = plan(request(results))
     assert reply.finish_reason == "tool_calls"
-    assert reply.tool_call is not None and reply.tool_call.name == "lookup"
-    assert json.loads(reply.arguments) == {"query": "query for the next step", "limit": 1}
+    assert [call.name for call in reply.tool_calls] == ["lookup"]
+    assert json.loads(reply.tool_calls[0].arguments) == {
+        "query": "query for the next step",
+        "limit": 1,
+    }
     assert reply.content is None
 
 
 def test_a_request_with_k_tool_results_gets_a_final_answer() -> None:
     reply = plan(request(3))
-    assert reply.tool_call is None
+    assert not reply.tool_calls
     assert reply.finish_reason == "stop"
     assert len(reply.pieces) == 64 and reply.content
 
 
 def test_tool_choice_none_gets_a_final_answer() -> None:
     reply = plan(request(0, tool_choice="none"))
-    assert reply.tool_call is None
+    assert not reply.tool_calls
 
 
 def test_max_tokens_cuts_the_answer_with_finish_reason_length() -> None:
@@ -134,5 +137,5 @@ def test_a_tool_call_streams_as_openai_deltas() -> None:
     args = "".join(
         c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks
     )
-    assert json.loads(args) == json.loads(reply.arguments)
+    assert json.loads(args) == json.loads(reply.tool_calls[0].arguments)
     assert all(c["system_fingerprint"] == "e" for c in chunks)

@@ -71,7 +71,7 @@ def test_grouped_tool_call_frames_reassemble_the_same_arguments() -> None:
         ]
         assert calls[0]["id"] == "call_1" and calls[0]["function"]["name"] == "lookup"
         arguments = "".join(call["function"]["arguments"] for call in calls)
-        assert arguments == reply.arguments and json.loads(arguments)["query"]
+        assert arguments == reply.tool_calls[0].arguments and json.loads(arguments)["query"]
 
 
 async def stream_text(client: Any, messages: Any, **kw: Any) -> tuple[str, list[int]]:

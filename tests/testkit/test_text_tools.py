@@ -70,7 +70,7 @@ def test_text_style_writes_calls_as_plain_replies_until_k_then_answers() -> None
     messages: list[Any] = [{"role": "user", "content": "How long is the Loire?"}]
     for _ in range(2):
         reply = _plan(messages)
-        assert reply.finish_reason == "stop" and reply.tool_call is None
+        assert reply.finish_reason == "stop" and not reply.tool_calls
         text = reply.content or ""
         assert text.startswith("<tool_call>") and text.endswith("</tool_call>")
         call = json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>"))
@@ -86,7 +86,7 @@ def test_text_style_writes_calls_as_plain_replies_until_k_then_answers() -> None
 
 def test_text_style_with_tools_offered_calls_the_first_tool_in_text() -> None:
     reply = _plan([{"role": "user", "content": "Find it."}], tools=TOOLS)
-    assert reply.tool_call is None and reply.finish_reason == "stop"
+    assert not reply.tool_calls and reply.finish_reason == "stop"
     text = (reply.content or "").removeprefix("<tool_call>").removesuffix("</tool_call>")
     call = json.loads(text)
     assert call["name"] == "search_notes"
@@ -118,8 +118,8 @@ def test_openai_style_is_unchanged_and_ignores_text_calls() -> None:
         call_id="call_1",
     )
     assert default == _plan(messages, style="openai", tools=TOOLS)
-    assert default.finish_reason == "tool_calls" and default.tool_call is not None
-    assert default.tool_call.name == "search_notes"
+    assert default.finish_reason == "tool_calls"
+    assert [call.name for call in default.tool_calls] == ["search_notes"]
     text_history = _answered(messages, _plan(messages))
     assert _plan(text_history, style="openai").finish_reason == "stop"  # no tools offered
     assert "<tool_call>" not in (_plan(text_history, style="openai").content or "")

@@ -21,6 +21,19 @@ File format (YAML, or TOML by extension)::
         kv_tokens: 200000            # the engine's KV pool in tokens (optional, see below)
         max_running: 256             # the most requests it runs at once (optional, see below)
         limits: {tpm: 200000}        # a hosted API's rate limits (optional, `common.limits`)
+        apis: [chat, messages]       # the APIs the engine serves itself (optional, see below)
+        key_header: x-api-key        # where its API key goes: authorization (Bearer) or x-api-key
+
+APIs the engine serves (`apis`). The dataplane takes turns on three APIs: OpenAI Chat
+Completions (`chat`), Anthropic's Messages API (`messages`, Claude Code's) and OpenAI's
+Responses API (`responses`, Codex's). A turn on an API the engine serves itself goes to it
+unchanged and its reply comes back byte for byte (vLLM serves all three, llama.cpp's server
+`chat` and `messages`, a hosted Anthropic API `messages` only); a turn on any other is
+translated to Chat Completions and its reply back, event by event while it streams. Unset, an
+engine serves `chat` only. Translation goes to Chat Completions only, so a turn placed on an
+endpoint that serves neither its API nor `chat` is refused with 502. The endpoint's API key goes
+as `Authorization: Bearer` (OpenAI, vLLM, llama.cpp) unless `key_header: x-api-key` says
+Anthropic's header (its API takes a key there only).
 
 Engine-side priority (`priority`). SGLang (`--enable-priority-scheduling`) and vLLM
 (`--scheduling-policy priority`) order their own waiting queue by a `priority` field of the
@@ -135,6 +148,13 @@ class ConfigError(ValueError):
     """The endpoint configuration is invalid; the message says where."""
 
 
+# The APIs an endpoint may serve itself (`apis`): Chat Completions, Anthropic's Messages API,
+# OpenAI's Responses API.
+APIS = ("chat", "messages", "responses")
+DEFAULT_APIS = frozenset({"chat"})
+KEY_HEADERS = ("authorization", "x-api-key")
+
+
 class EndpointKind(StrEnum):
     GENERATIVE = "generative"
     SINGLE_PASS = "single-pass"
@@ -173,6 +193,10 @@ class Endpoint:
     max_running: int = 0
     # A hosted API's stated rate limits (`common.limits`); None: learned from its replies.
     limits: Limits | None = None
+    # The APIs the engine serves itself (`APIS`); the dataplane translates the others to chat.
+    apis: frozenset[str] = DEFAULT_APIS
+    # The header its API key goes in (`KEY_HEADERS`): a bearer, or Anthropic's x-api-key.
+    key_header: str = "authorization"
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -198,6 +222,16 @@ class Endpoint:
             )
         if not self.models:
             raise ConfigError(f"endpoint {self.id}: models must list at least one model")
+        if not self.apis or not self.apis <= set(APIS):
+            raise ConfigError(
+                f"endpoint {self.id}: apis must list some of {', '.join(APIS)}, "
+                f"got {sorted(self.apis)}"
+            )
+        if self.key_header not in KEY_HEADERS:
+            raise ConfigError(
+                f"endpoint {self.id}: key_header must be authorization or x-api-key, "
+                f"got {self.key_header!r}"
+            )
         for path in (self.health, self.metrics):
             if path and not path.startswith("/"):
                 raise ConfigError(f"endpoint {self.id}: paths must start with '/', got {path!r}")
@@ -300,6 +334,8 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         "kv_tokens",
         "max_running",
         "limits",
+        "apis",
+        "key_header",
     }
     if unknown:
         raise ConfigError(f"{where}: unknown keys {sorted(unknown)}")
@@ -322,6 +358,8 @@ def parse_endpoint(raw: Mapping[str, Any], index: int) -> Endpoint:
         kv_tokens=_count(raw.get("kv_tokens", 0), f"{where}.kv_tokens"),
         max_running=_count(raw.get("max_running", 0), f"{where}.max_running"),
         limits=_limits(raw.get("limits"), f"{where}.limits"),
+        apis=frozenset(_str_list(raw.get("apis", sorted(DEFAULT_APIS)), f"{where}.apis")),
+        key_header=str(raw.get("key_header", "authorization")).lower(),
     )
 
 

@@ -16,13 +16,16 @@ from aiohttp import web
 from luftpause.common import tracing
 from luftpause.common.keys import KeysFile
 from luftpause.dataplane import spans, wire
+from luftpause.dataplane.apis import COUNT_TOKENS_PATH, PATHS, Api
 from luftpause.dataplane.context import (
     DATAPLANE,
     DEFAULT_MAX_BODY_BYTES,
     MODELS_HOLD_SECONDS,
     RATE_LIMIT_WAIT_S,
     Dataplane,
+    Served,
 )
+from luftpause.dataplane.counting import count_tokens
 from luftpause.dataplane.decide import decide
 from luftpause.dataplane.errors import BadRequest
 from luftpause.dataplane.forwarding import RUN_ID_HEADER
@@ -35,7 +38,7 @@ from luftpause.dataplane.middleware import (
     json_error,
 )
 from luftpause.dataplane.models import list_models
-from luftpause.dataplane.proxy import chat_completions
+from luftpause.dataplane.proxy import chat_completions, messages, responses
 from luftpause.dataplane.runs import RunTable
 from luftpause.dataplane.transport import AiohttpTransport, EngineTransport
 
@@ -108,6 +111,7 @@ def build_app(
     models_hold_seconds: float = MODELS_HOLD_SECONDS,
     rate_limit_wait_s: float = RATE_LIMIT_WAIT_S,
     limit_headers: Mapping[str, Mapping[str, str]] | None = None,
+    served: Mapping[str, Served] | None = None,
 ) -> web.Application:
     """The app; the link and the engine transport open on startup and close on cleanup.
 
@@ -115,7 +119,9 @@ def build_app(
     `Authorization: Bearer` with the token or one of the keys. Without `local_placement`, every
     turn waits for the scheduler's placement, open replicas or not. `config_models` (the
     endpoint file's) answer `GET /v1/models` while the scheduler cannot be reached; without them
-    that request waits `models_hold_seconds` for it.
+    that request waits `models_hold_seconds` for it. `served` says, per replica id, which APIs
+    it serves and where its key goes (the endpoint file's `apis`, `key_header`); a replica not
+    in it serves Chat Completions only.
     """
     runs = RunTable()
     auth = [auth_middleware(token, keys)] if token or keys else []
@@ -140,6 +146,7 @@ def build_app(
             models_retry_seconds=reconnect_delay,
             rate_limit_wait_s=rate_limit_wait_s,
             limit_headers=dict(limit_headers or {}),
+            served=dict(served or {}),
         )
         app[DATAPLANE] = dp
         dp.metrics.watch_link(link)
@@ -153,9 +160,12 @@ def build_app(
         await dp.transport.close()
 
     app.cleanup_ctx.append(lifecycle)
-    # Chosen once: with tracing off the handler runs bare and spans cost nothing.
-    chat = spans.traced(chat_completions) if tracing.enabled() else chat_completions
-    app.router.add_post("/v1/chat/completions", chat)
+    # Chosen once: with tracing off the handlers run bare and spans cost nothing.
+    doors = {Api.CHAT: chat_completions, Api.MESSAGES: messages, Api.RESPONSES: responses}
+    for api, handler in doors.items():
+        path = PATHS[api]
+        app.router.add_post(path, spans.traced(handler, path) if tracing.enabled() else handler)
+    app.router.add_post(COUNT_TOKENS_PATH, count_tokens)
     app.router.add_post("/v1/decide", decide)
     app.router.add_get("/v1/models", list_models)
     app.router.add_delete("/v1/runs/{id}", end_run)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from luftpause.common.keys import KeyEntry
+from luftpause.dataplane.apis import CHAT_ONLY, Api
 from luftpause.dataplane.identity import ServiceClass, ToolCallMemory
 from luftpause.dataplane.link import SchedulerLink
 from luftpause.dataplane.local import OpeningMemory
@@ -33,6 +34,20 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 MODELS_HOLD_SECONDS = 30.0
 # How long, in all, a turn an engine refused for its rate limit waits to be sent again.
 RATE_LIMIT_WAIT_S = 30.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Served:
+    """What the endpoint file says of a replica for the dataplane: the APIs it serves itself,
+    the header its API key goes in, and its URL and models (for token counts)."""
+
+    apis: frozenset[Api] = CHAT_ONLY
+    key_header: str = "authorization"
+    url: str = ""
+    models: frozenset[str] = frozenset()
+
+
+CHAT_SERVED = Served()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,12 +79,18 @@ class Dataplane:
     # Per replica, its provider's own names for the standard rate-limit headers (endpoint
     # `limits.headers`: standard name -> theirs).
     limit_headers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # Per replica, the APIs it serves and where its key goes (a replica not named: `CHAT_SERVED`).
+    served: Mapping[str, Served] = field(default_factory=dict)
     models_retry_seconds: float = 1.0
     clock: Callable[[], float] = time.monotonic
     # Turn ids: 64 random bits per process, then a counter, 32 hex digits like a uuid4's. Unique
     # across dataplanes and restarts as uuid4s are, without a getrandom call per turn.
     _id_prefix: str = field(default_factory=lambda: os.urandom(8).hex())
     _id_counter: Iterator[int] = field(default_factory=itertools.count)
+
+    def served_by(self, replica_id: str) -> Served:
+        """What the endpoint file says of `replica_id` (Chat Completions only if nothing)."""
+        return self.served.get(replica_id, CHAT_SERVED)
 
     def next_turn_id(self) -> str:
         """A new turn id."""

@@ -30,9 +30,12 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Accept-Encoding is replaced by identity: the reply must be readable on its way through.
+# Accept-Encoding is replaced by identity: the reply must be readable on its way through. The
+# client's credentials (Authorization, and x-api-key as Anthropic's SDK sends it) are for
+# luftpause, never for the engine.
 _NOT_UPSTREAM = _HOP_BY_HOP | {
     "authorization",
+    "x-api-key",
     "host",
     "content-length",
     "accept-encoding",
@@ -66,6 +69,23 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def stream_flag(doc: Mapping[str, Any]) -> bool:
+    """The request's `stream`; `BadRequest` unless true, false or absent."""
+    stream = doc.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest("'stream' must be true or false")
+    return bool(stream)
+
+
+def count_field(doc: Mapping[str, Any], name: str) -> int:
+    """The non-negative integer field `name` (0 when absent or null); `BadRequest` if another
+    value."""
+    value = doc.get(name)
+    if value is not None and not (_is_int(value) and value >= 0):
+        raise BadRequest(f"'{name}' must be a non-negative integer")
+    return value or 0
+
+
 class TurnBody(NamedTuple):
     """What the dataplane reads of a chat completion request."""
 
@@ -89,14 +109,9 @@ def parse_turn_body(body: bytes) -> TurnBody:
         raise BadRequest("'messages' must be a non-empty list")
     if not all(isinstance(m, dict) for m in messages):
         raise BadRequest("every entry of 'messages' must be an object")
-    if doc.get("stream") is not None and not isinstance(doc["stream"], bool):
-        raise BadRequest("'stream' must be true or false")
-    for name in ("max_tokens", "max_completion_tokens"):
-        value = doc.get(name)
-        if value is not None and not (_is_int(value) and value >= 0):
-            raise BadRequest(f"'{name}' must be a non-negative integer")
-    limit = doc.get("max_completion_tokens") or doc.get("max_tokens") or 0
-    return TurnBody(model, messages, doc.get("tools"), limit)
+    stream_flag(doc)
+    plain, newer = count_field(doc, "max_tokens"), count_field(doc, "max_completion_tokens")
+    return TurnBody(model, messages, doc.get("tools"), newer or plain)
 
 
 def with_fields(body: bytes, fields: Mapping[str, int]) -> bytes:
@@ -120,8 +135,11 @@ def with_fields(body: bytes, fields: Mapping[str, int]) -> bytes:
     return b"{%s%s%s" % (head, sep, rest)
 
 
-def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[str, str]:
-    """The client's end-to-end headers minus its credentials and ours, plus the engine's key."""
+def upstream_headers(
+    client: Iterable[tuple[str, str]], api_key: str, key_header: str = "authorization"
+) -> dict[str, str]:
+    """The client's end-to-end headers minus its credentials and ours, plus the engine's key:
+    as a bearer, or in `x-api-key` for an endpoint whose `key_header` says so (Anthropic's)."""
     headers: dict[str, str] = {}
     has_type = False
     for name, value in client:
@@ -135,7 +153,9 @@ def upstream_headers(client: Iterable[tuple[str, str]], api_key: str) -> dict[st
     if not has_type:
         headers["Content-Type"] = "application/json"
     headers["Accept-Encoding"] = "identity"
-    if api_key:
+    if api_key and key_header == "x-api-key":
+        headers["x-api-key"] = api_key
+    elif api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
 
@@ -151,9 +171,11 @@ def _encodable(value: str) -> bool:
 
 
 def downstream_headers(engine: Iterable[tuple[str, str]], run_id: str) -> list[tuple[str, str]]:
-    """The engine's end-to-end headers (Retry-After, rate limits, ...) plus the run id."""
+    """The engine's end-to-end headers (Retry-After, rate limits, ...) plus the run id (none
+    when `run_id` is empty: a request outside any run)."""
     headers = [(name, value) for name, value in engine if name.lower() not in _NOT_DOWNSTREAM]
-    headers.append((RUN_ID_HEADER, run_id))
+    if run_id:
+        headers.append((RUN_ID_HEADER, run_id))
     return headers
 
 

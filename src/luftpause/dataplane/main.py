@@ -15,12 +15,13 @@ from collections.abc import Mapping, Sequence
 
 from luftpause.common import envargs, tracing
 from luftpause.common.auth import TOKEN_ENV, token_from_env
-from luftpause.common.config import Config, ConfigError, load_config
+from luftpause.common.config import Config, ConfigError, EndpointKind, load_config
 from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
+from luftpause.dataplane.apis import apis_of
 from luftpause.dataplane.app import build_app, start_server
-from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES, RATE_LIMIT_WAIT_S
+from luftpause.dataplane.context import DEFAULT_MAX_BODY_BYTES, RATE_LIMIT_WAIT_S, Served
 from luftpause.dataplane.workers import Supervisor
 
 # The names these options were read from before every option had its own variable.
@@ -40,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config",
         metavar="PATH",
-        help="endpoint file: engine API keys by replica id, and the models `GET /v1/models` "
-        "lists while the scheduler cannot be reached",
+        help="endpoint file: engine API keys by replica id, the APIs each engine serves, and "
+        "the models `GET /v1/models` lists while the scheduler cannot be reached",
     )
     parser.add_argument(
         "--id",
@@ -110,6 +111,15 @@ def engine_keys(config: Config, environ: Mapping[str, str] | None = None) -> dic
     return {e.id: key for e in config.endpoints if (key := e.api_key(environ))}
 
 
+def served(config: Config) -> dict[str, Served]:
+    """Replica id -> the APIs it serves and where its key goes, for the generative ones."""
+    return {
+        e.id: Served(apis=apis_of(e.apis), key_header=e.key_header, url=e.base_url, models=e.models)
+        for e in config.endpoints
+        if e.kind is EndpointKind.GENERATIVE
+    }
+
+
 def limit_headers(config: Config) -> dict[str, Mapping[str, str]]:
     """Replica id -> its provider's names for the rate-limit headers (`limits.headers`)."""
     return {e.id: e.limits.headers for e in config.endpoints if e.limits and e.limits.headers}
@@ -123,6 +133,7 @@ async def serve(
     config_models: Sequence[str] | None = None,
     keys: KeysFile | None = None,
     renamed: Mapping[str, Mapping[str, str]] | None = None,
+    replicas: Mapping[str, Served] | None = None,
 ) -> None:
     """Run the dataplane until `stop` is set."""
     log = setup_logging("dataplane")
@@ -140,6 +151,7 @@ async def serve(
         config_models=config_models,
         rate_limit_wait_s=args.rate_limit_wait_s,
         limit_headers=renamed,
+        served=replicas,
     )
     runner, port = await start_server(app, args.host, args.port, reuse_port=args.reuse_port)
     log.info(
@@ -175,6 +187,7 @@ def main(argv: list[str]) -> int:
         return asyncio.run(Supervisor(argv, args.dataplane_id, args.workers).run())
     api_keys: dict[str, str] = {}
     renamed: dict[str, Mapping[str, str]] = {}
+    replicas: dict[str, Served] = {}
     models: tuple[str, ...] | None = None
     if args.config:
         try:
@@ -184,9 +197,18 @@ def main(argv: list[str]) -> int:
             return 2
         api_keys = engine_keys(config)
         renamed = limit_headers(config)
+        replicas = served(config)
         models = config.generative_models()
     tracing.setup("dataplane", instance=args.dataplane_id)
     return run_async(
-        lambda stop: serve(args, api_keys, stop, config_models=models, keys=keys, renamed=renamed),
+        lambda stop: serve(
+            args,
+            api_keys,
+            stop,
+            config_models=models,
+            keys=keys,
+            renamed=renamed,
+            replicas=replicas,
+        ),
         name="dataplane",
     )

@@ -6,6 +6,7 @@ label lookups; the gauges (open streams, the scheduler link) are read at scrape 
 collector, from a plain counter the proxy keeps and from the link:
 
     luftpause_dataplane_turns_total{service_class,outcome}              counter
+    luftpause_dataplane_api_turns_total{api,path}                      counter
     luftpause_dataplane_proxied_bytes_total{direction}                  counter
     luftpause_dataplane_time_to_first_byte_seconds{service_class}       histogram
     luftpause_dataplane_added_first_byte_seconds{service_class}         histogram
@@ -36,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from luftpause.common.ratelimits import Reading
+from luftpause.dataplane.apis import Api
 from luftpause.dataplane.identity import ServiceClass
 
 # "retried": refused for the engine's rate limit and sent again (the client never saw it).
@@ -172,6 +174,19 @@ class Metrics:
             registry=self.registry,
         )
         self._added = {cls: added.labels(cls.name.lower()) for cls in ServiceClass}
+        doors = Counter(
+            "luftpause_dataplane_api_turns",
+            "Turns sent to an engine by the API the client spoke (chat, messages, responses): "
+            "passed to an engine serving that API as they were, or translated to Chat "
+            "Completions (path).",
+            ["api", "path"],
+            registry=self.registry,
+        )
+        self._doors = {
+            (api, translated): doors.labels(api.value, "translated" if translated else "passed")
+            for api in Api
+            for translated in (False, True)
+        }
         self.placed_locally = Counter(
             "luftpause_dataplane_placed_locally",
             "Turns placed on an open replica by this dataplane itself, without a round trip "
@@ -230,6 +245,10 @@ class Metrics:
             self._request_bytes.inc(request_bytes)
         if response_bytes:
             self._response_bytes.inc(response_bytes)
+
+    def door(self, api: Api, translated: bool) -> None:
+        """Count a turn of `api` going to an engine, passed or translated."""
+        self._doors[(api, translated)].inc()
 
     def first_byte(
         self, service_class: ServiceClass, seconds: float, added: float | None = None

@@ -1,10 +1,21 @@
-"""`POST /v1/chat/completions`: one agent turn through the scheduler to an engine and back.
+"""One agent turn through the scheduler to an engine and back, by any of the three doors.
 
-Shell module, kept thin: the decisions live in `identity`, `forwarding`, `sse`, `reply`, and the
-bookkeeping in `turn`. Per turn: read and check the body, resolve the run, class and caller,
-place it (on an open replica by `local`'s rule, reported; else Admit, held until placed), report
-started, send the client's bytes to the replica, relay the reply's bytes unchanged while
-observing it, report the end.
+Shell module, kept thin: what a request and its reply become per API and replica lives in
+`doors`, the run's identity in `identity`, the open-replica rule in `local`, the headers in
+`forwarding`, the bookkeeping in `turn`, and the reply's way back in `relay`. A turn's path,
+`serve_turn` then `_attempt`, step by step:
+
+1. read: the body, checked by its door (an `Ask`); the run (the run header, else the tool call
+   ids it echoes, else a new one), the class and the caller;
+2. place (`_place`): on an open replica by `local`'s rule, reported; else Admit, held until
+   placed;
+3. address (`_address`): what goes to that replica, the client's request as it is or
+   translated to Chat Completions (`doors.Door.upstream`), with the engine's key and fields;
+4. send (`_send`): report started, prepare a saved slot, send; 502 if the engine is unreachable;
+5. refused for its rate limit (`_again`): back to step 2 after the wait, within the deadline;
+6. relay (`relay.relay`): the refusal, the body or the stream, in the client's API.
+
+Every error a client sees is in its API's error shape (`apis`).
 
 `started` is reported right before the request goes to the engine: after the Admit reply and
 the check that the client is still there, and before a saved slot context is moved (see
@@ -30,6 +41,7 @@ import asyncio
 import itertools
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from uuid import uuid4
 
@@ -37,13 +49,15 @@ import structlog
 from aiohttp import web
 
 from luftpause.common import ratelimits
-from luftpause.common.prefixes import Key, opening_keys
+from luftpause.common.prefixes import Key
 from luftpause.dataplane import wire
+from luftpause.dataplane.apis import TITLES
 from luftpause.dataplane.context import DATAPLANE, Dataplane
+from luftpause.dataplane.doors import CHAT, MESSAGES, RESPONSES, Ask, Door, Upstream
 from luftpause.dataplane.errors import (
+    BadRequest,
     BodyTooLarge,
     DataplaneError,
-    EngineStreamBroken,
     EngineUnreachable,
     ModelNotFound,
     RateLimited,
@@ -52,25 +66,19 @@ from luftpause.dataplane.errors import (
 from luftpause.dataplane.forwarding import (
     CLASS_HEADER,
     RUN_ID_HEADER,
-    downstream_headers,
-    is_event_stream,
-    parse_turn_body,
     upstream_headers,
     with_fields,
 )
-from luftpause.dataplane.identity import echoed_tool_call_ids, parse_service_class
+from luftpause.dataplane.identity import parse_service_class
 from luftpause.dataplane.local import choose_open
 from luftpause.dataplane.middleware import caller_of, identity_of, json_error
-from luftpause.dataplane.reply import summarize_completion
+from luftpause.dataplane.relay import CLIENT_GONE, relay
 from luftpause.dataplane.slotfiles import prepare_slot
-from luftpause.dataplane.sse import SseObserver
 from luftpause.dataplane.transport import EngineResponse
 from luftpause.dataplane.turn import Turn
 
 if TYPE_CHECKING:
     from luftpause.dataplane.spans import TurnSpan
-
-CLIENT_GONE = "client disconnected"
 
 log = structlog.get_logger("luftpause.dataplane.proxy")
 
@@ -78,57 +86,94 @@ log = structlog.get_logger("luftpause.dataplane.proxy")
 async def chat_completions(
     request: web.Request, traced: TurnSpan | None = None
 ) -> web.StreamResponse:
-    """Proxy one turn; every response carries `x-luftpause-run-id`. With tracing on,
-    `spans.traced` passes the turn's span in `traced`."""
+    """`POST /v1/chat/completions`."""
+    return await serve_turn(request, CHAT, traced)
+
+
+async def messages(request: web.Request, traced: TurnSpan | None = None) -> web.StreamResponse:
+    """`POST /v1/messages` (Anthropic's Messages API)."""
+    return await serve_turn(request, MESSAGES, traced)
+
+
+async def responses(request: web.Request, traced: TurnSpan | None = None) -> web.StreamResponse:
+    """`POST /v1/responses` (OpenAI's Responses API)."""
+    return await serve_turn(request, RESPONSES, traced)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attempt:
+    """One try at a turn: when the request arrived, whether its run is new here (and its
+    opening), by when a turn refused for its rate limit may still be sent again, which try."""
+
+    arrived: float
+    fresh: bool
+    opening: tuple[Key, ...]
+    deadline: float
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendAgain:
+    """The engine refused the turn for its rate limit: send it again after `wait_s` seconds
+    (0: at once, and the scheduler holds it until the window cools down)."""
+
+    wait_s: float
+
+
+async def serve_turn(
+    request: web.Request, door: Door, traced: TurnSpan | None = None
+) -> web.StreamResponse:
+    """Proxy one turn that came in by `door`; every response carries `x-luftpause-run-id`. With
+    tracing on, `spans.traced` passes the turn's span in `traced`."""
     arrived = time.perf_counter()
     dp = request.app[DATAPLANE]
     run_id = request.headers.get(RUN_ID_HEADER, "").strip()
     fresh = False
     try:
-        body = await read_body(request, dp.max_body_bytes)
-        model, messages, tools, max_tokens = parse_turn_body(body)
+        ask = door.read(await read_body(request, dp.max_body_bytes))
         if not run_id:
-            run_id = dp.memory.recognise(echoed_tool_call_ids(messages), dp.clock()) or ""
+            run_id = dp.memory.recognise(door.echoed(ask), dp.clock()) or ""
         if not run_id:
             run_id, fresh = uuid4().hex, True
         service_class = parse_service_class(request.headers.get(CLASS_HEADER))
     except DataplaneError as exc:
-        return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex)
+        return json_error(exc.status, exc.message, run_id=run_id or uuid4().hex, api=door.api)
     # A run this dataplane has not served may be new: its opening says where it may be cached.
-    opening = opening_keys(messages, tools) if run_id not in dp.runs.runs else ()
+    opening = door.opening(ask) if run_id not in dp.runs.runs else ()
     # A turn a rate-limited engine refuses (429) before anything went to the client goes back
     # to the scheduler as a new turn of the run, as long as waiting fits the deadline.
     deadline = time.monotonic() + dp.rate_limit_wait_s
-    for attempt in itertools.count():
+    for number in itertools.count():
         turn = dp.new_turn(
             turn_id=dp.next_turn_id(),
             run_id=run_id,
-            model=model,
+            model=ask.model,
             service_class=service_class,
             caller=caller_of(request),
             key=identity_of(request).key,
-            request_bytes=len(body),
+            request_bytes=len(ask.body),
             span=traced,
         )
-        if traced is not None and not attempt:
+        if traced is not None and not number:
             traced.request(
-                model=model,
+                model=ask.model,
                 run_id=run_id,
                 turn_id=turn.turn_id,
                 service_class=service_class.name.lower(),
                 caller=turn.caller,
             )
+        attempt = Attempt(
+            arrived=arrived, fresh=fresh, opening=opening, deadline=deadline, number=number
+        )
         try:
-            sent = await _admit_and_proxy(
-                request, dp, turn, body, arrived, fresh, opening, (deadline, attempt, max_tokens)
-            )
+            outcome = await _attempt(request, dp, door, ask, turn, attempt)
         finally:
             turn.close(CLIENT_GONE)
-        if isinstance(sent, web.StreamResponse):
-            return sent
+        if isinstance(outcome, web.StreamResponse):
+            return outcome
         fresh, opening = False, ()
-        if sent > 0:
-            await asyncio.sleep(sent)
+        if outcome.wait_s > 0:
+            await asyncio.sleep(outcome.wait_s)
     raise AssertionError("unreachable")
 
 
@@ -143,20 +188,37 @@ async def read_body(request: web.Request, limit: int) -> bytes:
         raise too_large from None
 
 
-async def _admit_and_proxy(
-    request: web.Request,
-    dp: Dataplane,
-    turn: Turn,
-    body: bytes,
-    arrived: float,
-    fresh: bool,
-    opening: tuple[Key, ...],
-    retry: tuple[float, int, int],
-) -> web.StreamResponse | float:
-    """Place the turn and relay the engine's reply; or, when a rate-limited engine refused it
-    and it may be sent again (`retry`: the deadline, the attempt, the request's max_tokens),
-    the seconds to wait before it goes back to the scheduler (0: the scheduler holds it)."""
-    deadline, attempt, max_tokens = retry
+async def _attempt(
+    request: web.Request, dp: Dataplane, door: Door, ask: Ask, turn: Turn, attempt: Attempt
+) -> web.StreamResponse | SendAgain:
+    """Place the turn, address it, send it and relay the reply; or say when to try again."""
+    placed = await _place(request, dp, turn, ask, attempt)
+    if isinstance(placed, web.StreamResponse):
+        return placed
+    placement, waited = placed
+    addressed = _address(request, dp, door, ask, turn, placement)
+    if isinstance(addressed, web.StreamResponse):
+        return addressed
+    upstream, url, headers, body = addressed
+    sent = await _send(dp, door, turn, placement, url, headers, body)
+    if isinstance(sent, web.StreamResponse):
+        return sent
+    engine, slot_wait, sent_at = sent
+    own = sent_at - attempt.arrived - waited - slot_wait
+    try:
+        again = _again(dp, turn, engine, attempt)
+        if again is not None:
+            return again
+        return await relay(request, dp, turn, engine, upstream, door.api, (attempt.arrived, own))
+    finally:
+        engine.close()
+
+
+async def _place(
+    request: web.Request, dp: Dataplane, turn: Turn, ask: Ask, attempt: Attempt
+) -> tuple[wire.Placement, float] | web.StreamResponse:
+    """Where the turn goes, and how long the scheduler took to say (0 when placed here); or
+    the client's answer when it may go nowhere."""
     admit = wire.admit_request(
         turn_id=turn.turn_id,
         run_id=turn.run_id,
@@ -165,27 +227,26 @@ async def _admit_and_proxy(
         caller=turn.caller,
         dataplane_id=dp.dataplane_id,
         prompt_bytes=turn.request_bytes,
-        opening=opening,
+        opening=attempt.opening,
         traceparent="" if turn.span is None else turn.span.traceparent,
         key=turn.key,
-        max_tokens=max_tokens,
+        max_tokens=ask.max_tokens,
     )
-    runs = dp.runs
     local = None
-    waited = 0.0  # for the scheduler and slot calls: not the dataplane's own time
     # A turn with a budget of its own is admitted against it: only the scheduler can hold it.
     # A turn sent again after a 429 goes through the scheduler: it holds it for the window.
-    if dp.local_placement and not attempt and (turn.key is None or not turn.key.has_budget):
+    if dp.local_placement and not attempt.number and (turn.key is None or not turn.key.has_budget):
         local = choose_open(
             dp.link.open_for(turn.model),
-            run=runs.runs.get(turn.run_id),
-            fresh=fresh,
-            load=runs.load,
-            opening=opening,
+            run=dp.runs.runs.get(turn.run_id),
+            fresh=attempt.fresh,
+            load=dp.runs.load,
+            opening=attempt.opening,
             memory=dp.openings,
-            pending=runs.pending,
+            pending=dp.runs.pending,
             request_bytes=turn.request_bytes,
         )
+    waited = 0.0
     if local is not None:
         # An open replica has no slots to assign and held nothing.
         placement = wire.Placement(
@@ -202,29 +263,82 @@ async def _admit_and_proxy(
         except RateLimited as exc:
             turn.rejected()
             retry_after = {"Retry-After": str(max(math.ceil(exc.retry_after_s), 1))}
-            return json_error(exc.status, exc.message, run_id=turn.run_id, headers=retry_after)
+            return json_error(
+                exc.status, exc.message, run_id=turn.run_id, headers=retry_after, api=ask.api
+            )
         except (ModelNotFound, SchedulerError) as exc:
             turn.rejected()
-            return json_error(exc.status, exc.message, run_id=turn.run_id)
+            return json_error(exc.status, exc.message, run_id=turn.run_id, api=ask.api)
         waited = time.perf_counter() - asked
         if request.transport is None or request.transport.is_closing():
             turn.placed(placement.replica_id)
             turn.failed(CLIENT_GONE)  # placed as the client left: free the slot, send nothing
             return web.Response(status=499)
-    replica_id, slot = placement.replica_id, placement.engine_slot
-    turn.placed(replica_id)
-    if opening:
-        dp.openings.record(replica_id, opening)
-    url = placement.replica_url.rstrip("/") + "/v1/chat/completions"
-    headers = upstream_headers(request.headers.items(), dp.api_keys.get(replica_id, ""))
+    turn.placed(placement.replica_id)
+    if attempt.opening:
+        dp.openings.record(placement.replica_id, attempt.opening)
     if turn.span is not None:
-        turn.span.placed(replica_id, placement.held_ms, locally=local is not None)
+        turn.span.placed(placement.replica_id, placement.held_ms, locally=local is not None)
+    return placement, waited
+
+
+def _address(
+    request: web.Request,
+    dp: Dataplane,
+    door: Door,
+    ask: Ask,
+    turn: Turn,
+    placement: wire.Placement,
+) -> tuple[Upstream, str, dict[str, str], bytes] | web.Response:
+    """What goes to the placed replica: the request as it is (its query string too) or
+    translated, its URL, the headers with the engine's key, and the body with the fields the
+    placement sets; or the client's error when the replica cannot take it."""
+    replica_id = placement.replica_id
+    served = dp.served_by(replica_id)
+    try:
+        upstream = door.upstream(ask, served.apis)
+    except BadRequest as exc:
+        turn.failed(f"request cannot be translated: {exc.message}")
+        return json_error(exc.status, exc.message, run_id=turn.run_id, api=ask.api)
+    if upstream is None:
+        turn.failed(f"replica serves neither {TITLES[ask.api]} nor Chat Completions")
+        message = (
+            f"engine {replica_id} serves neither {TITLES[ask.api]} nor Chat Completions "
+            "(the endpoint file's `apis`)"
+        )
+        return json_error(502, message, run_id=turn.run_id, api=ask.api)
+    dp.metrics.door(ask.api, upstream.translated)
+    key = dp.api_keys.get(replica_id, "")
+    headers = upstream_headers(request.headers.items(), key, served.key_header)
+    if turn.span is not None:
+        turn.span.upstream(upstream.api.value, translated=upstream.translated)
         turn.span.outgoing(headers)
-    priority = placement.engine_priority
+    body = upstream.body
+    priority, slot = placement.engine_priority, placement.engine_slot
     if priority is not None or slot is not None:  # most engines take the client's body as is
         fields = {"priority": priority, "id_slot": slot}
         body = with_fields(body, {k: v for k, v in fields.items() if v is not None})
+    url = placement.replica_url.rstrip("/") + upstream.path
+    if request.query_string and not upstream.translated:
+        url += "?" + request.query_string  # Claude Code's `?beta=true`
+    return upstream, url, headers, body
+
+
+async def _send(
+    dp: Dataplane,
+    door: Door,
+    turn: Turn,
+    placement: wire.Placement,
+    url: str,
+    headers: dict[str, str],
+    body: bytes,
+) -> tuple[EngineResponse, float, float] | web.Response:
+    """Report started, move a saved slot context if the placement says so, and send; the
+    engine's response, the seconds the slot calls took and when the request went (perf_counter),
+    or the client's 502 when the engine cannot be reached."""
+    replica_id, slot = placement.replica_id, placement.engine_slot
     turn.started()
+    slot_wait = 0.0
     if slot is not None and (placement.slot_save is not None or placement.slot_restore is not None):
         preparing = time.perf_counter()
         done = await prepare_slot(
@@ -242,36 +356,32 @@ async def _admit_and_proxy(
             dp.runs.slot_restored(replica_id, placement.slot_restore)
         if done.get("save") and placement.slot_save and placement.slot_save_run:
             dp.runs.slot_saved(replica_id, placement.slot_save, placement.slot_save_run, dp.clock())
-        waited += time.perf_counter() - preparing
-    own = time.perf_counter() - arrived - waited
+        slot_wait = time.perf_counter() - preparing
+    sent_at = time.perf_counter()
     try:
         engine = await dp.transport.send(url, headers, body)
     except EngineUnreachable as exc:
         log.warning("engine unreachable", replica=replica_id, url=url, error=exc.message)
         turn.failed(f"engine unreachable: {exc.message}")
-        return json_error(502, f"engine {replica_id}: {exc.message}", run_id=turn.run_id)
-    reading = _read_rate_limits(dp, replica_id, engine)
+        message = f"engine {replica_id}: {exc.message}"
+        return json_error(502, message, run_id=turn.run_id, api=door.api)
+    return engine, slot_wait, sent_at
+
+
+def _again(dp: Dataplane, turn: Turn, engine: EngineResponse, attempt: Attempt) -> SendAgain | None:
+    """Keep the reply's rate-limit reading; if the engine refused the turn for its rate limit
+    and waiting fits the deadline, end this try and say when to send it again."""
+    reading = _read_rate_limits(dp, turn.replica_id, engine)
     turn.read_limits(reading, refused=engine.status == 429)
-    try:
-        wait = refusal_wait(engine.status, reading, attempt)
-        if wait is not None and time.monotonic() + wait <= deadline:
-            # The scheduler learns the refusal from the turn's end and holds the next try
-            # until the window cools down; without a reading, the dataplane waits it out.
-            turn.failed(f"engine status {engine.status}: rate limited, sent again", retried=True)
-            dp.metrics.rate_limited(replica_id, wait)
-            log.info("rate limited, sending again", replica=replica_id, wait_s=round(wait, 3))
-            return 0.0 if reading is not None else wait
-        if not 200 <= engine.status < 300:
-            return await _relay_refusal(turn, engine)
-        if is_event_stream(engine.headers):
-            dp.metrics.open_streams += 1
-            try:
-                return await _relay_stream(request, dp, turn, engine, arrived, own)
-            finally:
-                dp.metrics.open_streams -= 1
-        return await _relay_body(dp, turn, engine, arrived, own)
-    finally:
-        engine.close()
+    wait = refusal_wait(engine.status, reading, attempt.number)
+    if wait is None or time.monotonic() + wait > attempt.deadline:
+        return None
+    # The scheduler learns the refusal from the turn's end and holds the next try until the
+    # window cools down; without a reading, the dataplane waits it out.
+    turn.failed(f"engine status {engine.status}: rate limited, sent again", retried=True)
+    dp.metrics.rate_limited(turn.replica_id, wait)
+    log.info("rate limited, sending again", replica=turn.replica_id, wait_s=round(wait, 3))
+    return SendAgain(0.0 if reading is not None else wait)
 
 
 # An engine that says "retry now" (Retry-After: 0) is not asked again sooner than this.
@@ -309,91 +419,3 @@ def _read_rate_limits(
         log.warning("unreadable rate-limit headers", replica=replica_id, headers=reading.malformed)
     dp.metrics.rate_limits(replica_id, reading, now)
     return reading
-
-
-async def _relay_refusal(turn: Turn, engine: EngineResponse) -> web.Response:
-    """429, 5xx, 4xx: the engine's status, headers (Retry-After) and body, unchanged."""
-    try:
-        data = await engine.read()
-    except EngineStreamBroken as exc:
-        turn.failed(f"engine status {engine.status}, body broke off: {exc.message}")
-        return json_error(502, f"engine {turn.replica_id}: {exc.message}", run_id=turn.run_id)
-    turn.response_bytes = len(data)
-    turn.failed(f"engine status {engine.status}")
-    return web.Response(
-        status=engine.status,
-        body=data,
-        headers=downstream_headers(engine.headers.items(), turn.run_id),
-    )
-
-
-async def _relay_body(
-    dp: Dataplane, turn: Turn, engine: EngineResponse, arrived: float, own: float
-) -> web.Response:
-    try:
-        data = await engine.read()
-        received = time.perf_counter()
-    except EngineStreamBroken as exc:
-        log.warning("engine reply broke off", replica=turn.replica_id, error=exc.message)
-        turn.failed(f"engine reply broke off: {exc.message}")
-        return json_error(502, f"engine {turn.replica_id}: {exc.message}", run_id=turn.run_id)
-    turn.response_bytes = len(data)
-    turn.finished(summarize_completion(data))
-    now = time.perf_counter()
-    dp.metrics.first_byte(turn.service_class, now - arrived, own + now - received)
-    if turn.span is not None:
-        turn.span.first_byte(now - arrived)
-    return web.Response(
-        status=engine.status,
-        body=data,
-        headers=downstream_headers(engine.headers.items(), turn.run_id),
-    )
-
-
-async def _relay_stream(
-    request: web.Request,
-    dp: Dataplane,
-    turn: Turn,
-    engine: EngineResponse,
-    arrived: float,
-    own: float,
-) -> web.StreamResponse:
-    """Headers at once, then every engine chunk as it comes, observed after it is sent."""
-    resp = web.StreamResponse(
-        status=engine.status, headers=downstream_headers(engine.headers.items(), turn.run_id)
-    )
-    await resp.prepare(request)
-    observer = SseObserver()
-    sent = 0
-    received = 0.0
-    try:
-        while chunk := await engine.read_chunk():
-            if not sent:
-                received = time.perf_counter()
-            await resp.write(chunk)
-            if not sent:
-                now = time.perf_counter()
-                dp.metrics.first_byte(turn.service_class, now - arrived, own + now - received)
-                if turn.span is not None:
-                    turn.span.first_byte(now - arrived)
-            sent += len(chunk)
-            if observer.feed(chunk):
-                turn.first_token()
-    except EngineStreamBroken as exc:
-        log.warning("engine stream broke off", replica=turn.replica_id, error=exc.message)
-        turn.response_bytes = sent
-        turn.failed(f"engine stream broke off: {exc.message}")
-        # The client keeps what it got; closing without the last chunk tells it the reply broke.
-        if request.transport is not None:
-            request.transport.close()
-        return resp
-    except ConnectionError:
-        turn.response_bytes = sent
-        turn.failed(CLIENT_GONE)
-        return resp
-    if observer.flush():
-        turn.first_token()
-    turn.response_bytes = sent
-    turn.finished(observer.summary())
-    await resp.write_eof()
-    return resp

@@ -78,13 +78,19 @@ def summarize(
     )
 
 
-def summarize_completion(body: bytes) -> ReplySummary:
-    """Summarise a non-stream chat completion body; an unreadable body gives an empty summary."""
+def json_object(body: bytes) -> Mapping[str, Any] | None:
+    """A reply body as a JSON object; None if it is not one."""
     try:
         doc = json.loads(body)
     except ValueError:
-        return ReplySummary()
-    if not isinstance(doc, Mapping):
+        return None
+    return doc if isinstance(doc, Mapping) else None
+
+
+def summarize_completion(body: bytes) -> ReplySummary:
+    """Summarise a non-stream chat completion body; an unreadable body gives an empty summary."""
+    doc = json_object(body)
+    if doc is None:
         return ReplySummary()
     finish_reason = ""
     ids: list[str] = []

@@ -1,20 +1,23 @@
 """The dataplane's span per proxied turn, with tracing on (`common.tracing`).
 
-Shell module. `traced(handler)` is what `app` routes `POST /v1/chat/completions` to when the
-process traces (otherwise the handler runs bare and this module costs nothing): a SERVER span
-named `chat <model>`, child of the request's `traceparent` (the runtime sends one; own-loop
-agents may), current while the turn runs, so the turn's log lines carry its trace id. The span's
-own `traceparent` goes on to the scheduler (`AdmitRequest.traceparent`, its `admit` span's
-parent) and to the engine (replacing the client's header). The turn's events as reported to the
-scheduler (started, first_token, finished, failed, abandoned) are also recorded on the span
-(`turn.Turn` tells it each one), so each carries the trace id.
+Shell module. `traced(handler, route)` is what `app` routes each turn's path to
+(`/v1/chat/completions`, `/v1/messages`, `/v1/responses`) when the process traces (otherwise the
+handler runs bare and this module costs nothing): a SERVER span named `chat <model>`, child of the
+request's `traceparent` (the runtime sends one; own-loop agents may), current while the turn runs,
+so the turn's log lines carry its trace id. The span's own `traceparent` goes on to the scheduler
+(`AdmitRequest.traceparent`, its `admit` span's parent) and to the engine (replacing the client's
+header). The turn's events as reported to the scheduler (started, first_token, finished, failed,
+abandoned) are also recorded on the span (`turn.Turn` tells it each one), so each carries the trace
+id.
 
 Attributes (GenAI conventions where they apply): gen_ai.operation.name `chat`,
 gen_ai.request.model, gen_ai.usage.input_tokens / output_tokens / cache_read.input_tokens,
 gen_ai.response.finish_reasons; luftpause.run_id, luftpause.turn_id, luftpause.service_class,
 luftpause.caller, luftpause.replica, luftpause.placed_by (scheduler|dataplane),
 luftpause.held_ms (time held in the scheduler), luftpause.ttfb_ms (arrival to the first byte
-sent back); http.response.status_code and error.type on failure. Nothing is built for a span
+sent back), luftpause.upstream_api (the API the engine was spoken to in) and
+luftpause.translated (whether the turn was translated to it); http.route (the door),
+http.response.status_code and error.type on failure. Nothing is built for a span
 the sampler did not record.
 """
 
@@ -31,7 +34,6 @@ from luftpause.common import tracing
 from luftpause.dataplane.reply import ReplySummary
 
 SCOPE = "luftpause.dataplane"
-ROUTE = "/v1/chat/completions"
 
 
 class TracedHandler(Protocol):
@@ -43,10 +45,11 @@ class TracedHandler(Protocol):
 class TurnSpan:
     """The span of one turn and what the proxy tells it; a no-op on an unsampled span."""
 
-    __slots__ = ("on", "span", "traceparent")
+    __slots__ = ("on", "route", "span", "traceparent")
 
-    def __init__(self, span: Span) -> None:
+    def __init__(self, span: Span, route: str) -> None:
         self.span = span
+        self.route = route
         self.on = span.is_recording()
         self.traceparent = tracing.traceparent_of(span)
 
@@ -60,7 +63,7 @@ class TurnSpan:
         self.span.set_attributes(
             {
                 "http.request.method": "POST",
-                "http.route": ROUTE,
+                "http.route": self.route,
                 tracing.GEN_AI_OPERATION_NAME: "chat",
                 tracing.GEN_AI_REQUEST_MODEL: model,
                 "luftpause.run_id": run_id,
@@ -78,6 +81,13 @@ class TurnSpan:
                     "luftpause.held_ms": held_ms,
                     "luftpause.placed_by": "dataplane" if locally else "scheduler",
                 }
+            )
+
+    def upstream(self, api: str, *, translated: bool) -> None:
+        """The API the engine is spoken to in, and whether the turn was translated to it."""
+        if self.on:
+            self.span.set_attributes(
+                {"luftpause.upstream_api": api, "luftpause.translated": translated}
             )
 
     def first_byte(self, seconds: float) -> None:
@@ -126,14 +136,16 @@ class TurnSpan:
         self.span.end()
 
 
-def traced(handler: TracedHandler) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """`handler` inside a SERVER span per request (see the module docstring)."""
+def traced(
+    handler: TracedHandler, route: str
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """`handler` (serving `route`) inside a SERVER span per request (see the module docstring)."""
     tracer = tracing.tracer(SCOPE)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         parent = propagate.extract(request.headers)
         span = tracer.start_span("chat", context=parent, kind=SpanKind.SERVER)
-        turn = TurnSpan(span)
+        turn = TurnSpan(span, route)
         status: int | None = None
         try:
             with trace.use_span(span, end_on_exit=False):

@@ -3,7 +3,10 @@
 Pure module: no I/O, no clock. `LineDecoder` splits bytes into lines across arbitrary chunk
 boundaries (LF, CRLF or CR, as the SSE spec allows), the way httpx's `LineDecoder` does for
 text. `SseObserver` reads the `data:` lines of an OpenAI chat completion stream and notes the
-first token, usage, finish reason and tool call ids.
+first token, usage, finish reason and tool call ids. `NamedEvents` pairs each `data:` line with
+the `event:` name before it, for the streams of the Messages and Responses APIs; their observers
+(`messages.observe`, `responses.observe`) are `EventObserver`s, which decide by the name which
+payloads to decode.
 
 Cost: until the first token every `data:` line is JSON-decoded (one or two lines). After it a
 line is decoded only if it mentions `tool_calls`, or a `finish_reason` / `usage` that is not
@@ -57,6 +60,77 @@ class LineDecoder:
         """Return the unterminated last line, if any, at the end of the stream."""
         rest, self._buffer, self._cr = self._buffer, b"", False
         return [rest] if rest else []
+
+
+class NamedEvents:
+    """Split a stream of named server-sent events into (name, data) pairs as they complete."""
+
+    __slots__ = ("_lines", "_name")
+
+    def __init__(self) -> None:
+        self._lines = LineDecoder()
+        self._name = b""
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bytes]]:
+        """The `data:` payloads completed by `data`, each with its event's name (b"" if none)."""
+        return self._pairs(self._lines.feed(data))
+
+    def flush(self) -> list[tuple[bytes, bytes]]:
+        """The payload of an unterminated last line, at the end of the stream."""
+        return self._pairs(self._lines.flush())
+
+    def _pairs(self, lines: list[bytes]) -> list[tuple[bytes, bytes]]:
+        out = []
+        for line in lines:
+            if line.startswith(b"data:"):
+                out.append((self._name, line[5:].strip()))
+            elif line.startswith(b"event:"):
+                self._name = line[6:].strip()
+            elif not line:
+                self._name = b""  # a blank line ends the event
+        return out
+
+
+class EventObserver:
+    """Watch a stream of named events for a turn's facts; `feed` says when the first token has
+    just arrived. A subclass says which events to decode (`_decodes`, which may note the first
+    token from the name alone) and reads each decoded one (`_event`)."""
+
+    __slots__ = ("_events", "first_token")
+
+    def __init__(self) -> None:
+        self._events = NamedEvents()
+        self.first_token = False
+
+    def feed(self, data: bytes) -> bool:
+        """Read a chunk of the stream; True iff it carried the first token."""
+        return self._read(self._events.feed(data))
+
+    def flush(self) -> bool:
+        """Read the unterminated tail at the end of the stream."""
+        return self._read(self._events.flush())
+
+    def summary(self) -> ReplySummary:
+        raise NotImplementedError
+
+    def _decodes(self, name: bytes) -> bool:
+        raise NotImplementedError
+
+    def _event(self, event: Mapping[str, Any]) -> None:
+        raise NotImplementedError
+
+    def _read(self, events: list[tuple[bytes, bytes]]) -> bool:
+        was = self.first_token
+        for name, payload in events:
+            if not self._decodes(name):
+                continue
+            try:
+                event = json.loads(payload)
+            except ValueError:
+                continue
+            if isinstance(event, Mapping):
+                self._event(event)
+        return self.first_token and not was
 
 
 def _may_tell(data: bytes) -> bool:

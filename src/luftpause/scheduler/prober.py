@@ -91,8 +91,15 @@ def engine_slots(props: object) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
-def _auth(api_key_env: str) -> dict[str, str]:
+# Anthropic's API answers no request, a probe included, without a version header.
+_ANTHROPIC_VERSION = {"anthropic-version": "2023-06-01"}
+
+
+def _auth(api_key_env: str, key_header: str = "authorization") -> dict[str, str]:
+    """The endpoint's key as a bearer, or as Anthropic's API wants it (`key_header`)."""
     key = os.environ.get(api_key_env, "") if api_key_env else ""
+    if key_header == "x-api-key":
+        return {**_ANTHROPIC_VERSION, **({"x-api-key": key} if key else {})}
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
@@ -144,7 +151,8 @@ class Prober:
         try:
             async with asyncio.timeout(self.period):
                 async with self._session.get(
-                    endpoint.base_url + endpoint.health, headers=_auth(endpoint.api_key_env)
+                    endpoint.base_url + endpoint.health,
+                    headers=_auth(endpoint.api_key_env, endpoint.key_header),
                 ) as resp:
                     await resp.read()
                     if 200 <= resp.status < 300:

@@ -32,6 +32,7 @@ from luftpause.testkit.engine.params import (
 )
 from luftpause.testkit.engine.ratelimit import REGIMES
 from luftpause.testkit.engine.ratelimit_headers import HEADER_FAMILIES
+from luftpause.testkit.engine.scripted import Script, ScriptError, load_script
 from luftpause.testkit.engine.server import serve, server_tls_context
 from luftpause.testkit.engine.tokens import GRANULARITIES
 
@@ -172,6 +173,13 @@ def build_parser(profile: Profile = CPU_PROFILE) -> argparse.ArgumentParser:
         action="store_true",
         help="answer llama.cpp's POST /slots/{id}?action=save|restore (its --slot-save-path); "
         "off: 501 as llama.cpp without it",
+    )
+    add(
+        "--script",
+        metavar="FILE",
+        default=None,
+        help="a script of replies (YAML or JSON, see testkit/engine/scripted.py): the tool "
+        "calls and answers the model gives a harness's session, turn by turn",
     )
     add("--tls-cert", metavar="FILE", default=None, help="serve https: PEM certificate chain")
     add("--tls-key", metavar="FILE", default=None, help="serve https: PEM private key")
@@ -333,10 +341,15 @@ def params_from(args: argparse.Namespace) -> SimParams:
 
 
 async def _serve_until(
-    stop: asyncio.Event, params: SimParams, host: str, port: int, tls: ssl.SSLContext | None
+    stop: asyncio.Event,
+    params: SimParams,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None,
+    script: Script | None,
 ) -> None:
     log = setup_logging("fake-engine")
-    server = await serve(params, host, port, tls=tls)
+    server = await serve(params, host, port, tls=tls, script=script)
     log.info(
         "listening",
         url=server.url,
@@ -366,6 +379,11 @@ def main(argv: list[str]) -> int:
             tls = server_tls_context(args.tls_cert, args.tls_key)
         except (OSError, ssl.SSLError) as exc:
             parser.error(f"cannot load the TLS certificate or key: {exc}")
+    try:
+        script = None if args.script is None else load_script(args.script)
+    except ScriptError as exc:
+        parser.error(str(exc))
     return run_async(
-        lambda stop: _serve_until(stop, params, args.host, args.port, tls), name="fake-engine"
+        lambda stop: _serve_until(stop, params, args.host, args.port, tls, script),
+        name="fake-engine",
     )

@@ -9,6 +9,8 @@ connection after N token frames, or half way through a non-streamed body.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from luftpause.testkit.engine import wire
@@ -48,11 +50,12 @@ async def stream(
     chat: ChatRequest,
     headers: dict[str, str],
     interval: int,
+    respond: Callable[[dict[str, str]], web.StreamResponse] | None = None,
 ) -> web.StreamResponse:
-    """Stream the reply as its tokens are emitted, `interval` tokens per frame after the first."""
-    resp = web.StreamResponse(
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
-    )
+    """Stream the reply as its tokens are emitted, `interval` tokens per frame after the first,
+    to the response `respond` makes from the headers (one that writes another API, `doors`)."""
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **headers}
+    resp = web.StreamResponse(headers=headers) if respond is None else respond(headers)
     await resp.prepare(request)
     assert handle.tokens is not None
     cut_at = cut_point(chat.fail)

@@ -64,32 +64,65 @@ class ToolCall:
     name: str
     arguments: str
 
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        """Its tokens: an empty one that opens the call (id and name), then its arguments."""
+        return ("", *_chunks(self.arguments))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallSpan:
+    """The part of one tool call within a run of a reply's tokens."""
+
+    index: int
+    call: ToolCall
+    opens: bool  # the run holds the call's first token (its id and name)
+    text: str  # the argument text within the run
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reply:
-    """The scripted reply: one piece of text per generated token."""
+    """The scripted reply: one piece of text per generated token. A reply with tool calls is
+    made of the calls' pieces one call after the other (`ToolCall.pieces`)."""
 
     pieces: tuple[str, ...]
     finish_reason: str
-    tool_call: ToolCall | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
     labels: tuple[str, ...] = ()
     seed_text: str = ""
 
     @property
     def content(self) -> str | None:
-        return None if self.tool_call else "".join(self.pieces)
+        return None if self.tool_calls else "".join(self.pieces)
 
-    @property
-    def arguments(self) -> str:
-        """Tool-call arguments as far as they were generated."""
-        return "".join(self.pieces[1:])
+    def calls_in(self, start: int, stop: int) -> list[CallSpan]:
+        """The tool calls that tokens `start` to `stop` (exclusive) are part of."""
+        spans = []
+        first = 0
+        for index, call in enumerate(self.tool_calls):
+            end = first + len(call.pieces)
+            lo, hi = max(start, first), min(stop, end, len(self.pieces))
+            if lo < hi:
+                text = (
+                    "".join(self.pieces[lo:hi]) if lo > first else "".join(self.pieces[lo + 1 : hi])
+                )
+                spans.append(CallSpan(index=index, call=call, opens=lo == first, text=text))
+            first = end
+        return spans
+
+    def generated_calls(self) -> list[ToolCall]:
+        """The tool calls as far as they were generated (a reply cut short cuts them)."""
+        return [
+            ToolCall(id=span.call.id, name=span.call.name, arguments=span.text)
+            for span in self.calls_in(0, len(self.pieces))
+        ]
 
     @property
     def body(self) -> str:
         """The assistant message as a follow-up request renders it."""
-        if self.tool_call is None:
+        if not self.tool_calls:
             return "".join(self.pieces)
-        return render_tool_call(self.tool_call.name, self.arguments)
+        return "".join(render_tool_call(c.name, c.arguments) for c in self.generated_calls())
 
 
 def _score(*parts: object) -> float:
@@ -120,10 +153,7 @@ def summary_reply(messages: Sequence[Mapping[str, Any]], max_tokens: int) -> Rep
         if m.get("role") == "tool"
         or content_text(m.get("content")).startswith("[Summary of rounds")
     ]
-    text = f"Notes on {len(notes)} earlier results: " + "; ".join(notes)
-    pieces = _chunks(text)
-    cut = len(pieces) > max_tokens
-    return Reply(pieces=pieces[:max_tokens], finish_reason="length" if cut else "stop")
+    return text_reply(f"Notes on {len(notes)} earlier results: " + "; ".join(notes), max_tokens)
 
 
 def label_candidates(text: str) -> tuple[str, ...]:
@@ -164,10 +194,22 @@ def _chunks(text: str) -> tuple[str, ...]:
     return tuple(text[i : i + step] for i in range(0, len(text), step))
 
 
-def _tool_pieces(tool: Mapping[str, Any]) -> tuple[str, str, tuple[str, ...]]:
-    name, args = _tool_args(tool)
-    arguments = json.dumps(args)
-    return name, arguments, ("", *_chunks(arguments))
+def calls_reply(calls: Sequence[ToolCall], max_tokens: int) -> Reply:
+    """A reply made of these tool calls, cut at `max_tokens` tokens."""
+    pieces = tuple(piece for call in calls for piece in call.pieces)
+    cut = len(pieces) > max_tokens
+    return Reply(
+        pieces=pieces[:max_tokens],
+        finish_reason="length" if cut else "tool_calls",
+        tool_calls=tuple(calls),
+    )
+
+
+def text_reply(text: str, max_tokens: int) -> Reply:
+    """A reply of this text, cut at `max_tokens` tokens."""
+    pieces = _chunks(text)
+    cut = len(pieces) > max_tokens
+    return Reply(pieces=pieces[:max_tokens], finish_reason="length" if cut else "stop")
 
 
 def text_calls(messages: Sequence[Mapping[str, Any]]) -> int:
@@ -201,21 +243,16 @@ def plan_reply(
     if is_summary_request(messages):
         return summary_reply(messages, max_tokens)
     if tool_style == "text" and (done := text_calls(messages)) < tool_rounds:
-        pieces = _chunks(_text_call(tools, done))
-        cut = len(pieces) > max_tokens
-        return Reply(pieces=pieces[:max_tokens], finish_reason="length" if cut else "stop")
+        return text_reply(_text_call(tools, done), max_tokens)
     if (
         tool_style == "openai"
         and tools
         and request.get("tool_choice") != "none"
         and tool_results(messages) < tool_rounds
     ):
-        name, arguments, pieces = _tool_pieces(tools[0])
-        cut = len(pieces) > max_tokens
-        return Reply(
-            pieces=pieces[:max_tokens],
-            finish_reason="length" if cut else "tool_calls",
-            tool_call=ToolCall(id=call_id, name=name, arguments=arguments),
+        name, arguments = _tool_args(tools[0])
+        return calls_reply(
+            (ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)),), max_tokens
         )
     seed = last_user_text(messages)
     labels = label_candidates(seed)

@@ -1,10 +1,13 @@
 """The simulator's HTTP face: OpenAI Chat Completions, vLLM /classify, metrics, debug.
 
-Shell layer: parses requests, asks the pure modules what to answer, and waits on the
-`EngineDriver` for tokens. A client that goes away aborts its request in the engine (the
-runner cancels the handler on disconnect; a failed write does the same). An injected failure
-(`x-sim-fail`, see `parsing`) refuses at once or cuts the connection part way through a reply;
-a cut request is aborted in the engine like a client's. `replies` writes streams and cuts.
+Shell layer: parses requests, asks the pure modules what to answer, and waits on the `EngineDriver`
+for tokens. The Messages and Responses APIs (`doors`) go through the same chat path, their replies
+written back in their own API; a script of replies (`scripted`, set with `--script` or `POST
+/debug/script`) says what the model answers where it has a reply. A client that goes away aborts
+its request in the engine (the runner cancels the handler on disconnect; a failed write does the
+same). An injected failure (`x-sim-fail`, see `parsing`) refuses at once or cuts the connection
+part way through a reply; a cut request is aborted in the engine like a client's. `replies` writes
+streams and cuts.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 
 from aiohttp import web
 
-from luftpause.testkit.engine import metrics, replies, slotfiles, wire
+from luftpause.dataplane.apis import api_of, error_document
+from luftpause.testkit.engine import doors, metrics, replies, slotfiles, wire
 from luftpause.testkit.engine.driver import EngineDriver, SimClock
 from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.parsing import (
@@ -35,6 +39,7 @@ from luftpause.testkit.engine.ratelimit import Cost, RateLimiter, parse_limits
 from luftpause.testkit.engine.ratelimit_headers import retry_headers
 from luftpause.testkit.engine.records import RequestTooLarge, Submission
 from luftpause.testkit.engine.script import classify_probs, is_summary_request, plan_reply
+from luftpause.testkit.engine.scripted import Script, ScriptError, parse_script
 from luftpause.testkit.engine.tokens import (
     END,
     render_parts,
@@ -54,8 +59,10 @@ def _nodelay(request: web.Request) -> bool | None:
 class Simulator:
     """State shared by the handlers of one simulated replica."""
 
-    def __init__(self, params: SimParams) -> None:
+    def __init__(self, params: SimParams, script: Script | None = None) -> None:
         self.params = params
+        # The replies a harness's session gets (`scripted`); None: every reply is planned.
+        self.script = script
         self.clock = SimClock(params.time_scale)
         self.driver = EngineDriver(params.engine, self.clock)
         self.limiter = RateLimiter(
@@ -111,12 +118,19 @@ SIM = web.AppKey("sim", Simulator)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await answer_chat(request, decode_body(await request.read()))
+
+
+async def answer_chat(
+    request: web.Request, body: dict[str, Any], native: doors.NativeReply | None = None
+) -> web.StreamResponse:
+    """Answer the chat request `body`; in another API's form when it came in by one."""
     sim = request.app[SIM]
     entry = sim.note(request)
     if sim.params.kind != "generative":
         raise HttpError(404, "This engine is single-pass; use /classify.")
     sim.check_key(request)
-    chat = parse_chat(decode_body(await request.read()), request.headers, sim.params)
+    chat = parse_chat(body, request.headers, sim.params)
     # llama.cpp's `id_slot` means nothing here (no slots); the log shows what was asked for.
     slot = chat.body.get("id_slot")
     entry.update(model=chat.model, stream=chat.stream, priority=chat.priority, id_slot=slot)
@@ -129,14 +143,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     window = sim.params.context_window
     if window is not None and len(prompt) + chat.max_tokens > window:
         raise too_long(window, len(prompt), chat.max_tokens)
-    reply = plan_reply(
-        chat.body,
-        tool_rounds=chat.tool_rounds,
-        reply_tokens=sim.params.reply_tokens,
-        max_tokens=chat.max_tokens,
-        call_id=f"call_{secrets.token_hex(12)}",
-        tool_style=chat.tool_style,
-    )
+    reply = None
+    if sim.script is not None:
+        reply = sim.script.reply(chat.body, max_tokens=chat.max_tokens, new_id=_call_id)
+    if reply is None:
+        reply = plan_reply(
+            chat.body,
+            tool_rounds=chat.tool_rounds,
+            reply_tokens=sim.params.reply_tokens,
+            max_tokens=chat.max_tokens,
+            call_id=_call_id(),
+            tool_style=chat.tool_style,
+        )
     usage_charged = sim.params.rate_limit_charge == "usage"
     output = len(reply.pieces) if usage_charged else chat.max_tokens
     headers = sim.charge(Cost(input_tokens=len(prompt), output_tokens=output))
@@ -160,16 +178,25 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     try:
         if chat.stream:
             interval = sim.params.stream_interval
-            return await replies.stream(request, handle, env, reply, chat, headers, interval)
+            respond = None if native is None else native.response
+            return await replies.stream(
+                request, handle, env, reply, chat, headers, interval, respond
+            )
         await handle.done
         use = wire.usage(prompt=len(prompt), completion=handle.generated, cached=handle.cached)
-        body = wire.completion(env, reply, handle.generated, use, chat.top_logprobs)
+        out = wire.completion(env, reply, handle.generated, use, chat.top_logprobs)
+        if native is not None:
+            out = native.whole(out)
         if chat.fail is not None:
-            return await replies.cut_body(request, json.dumps(body).encode(), headers)
-        return web.json_response(body, headers=headers)
+            return await replies.cut_body(request, json.dumps(out).encode(), headers)
+        return web.json_response(out, headers=headers)
     finally:
         sim.limiter.bill(len(prompt) + handle.generated)  # what was served, cut short or not
         sim.driver.release(sub.rid)
+
+
+def _call_id() -> str:
+    return f"call_{secrets.token_hex(12)}"
 
 
 def _injected(status: int) -> HttpError:
@@ -307,6 +334,27 @@ async def debug_set_limits(request: web.Request) -> web.StreamResponse:
     return await debug_limits(request)
 
 
+async def debug_script(request: web.Request) -> web.StreamResponse:
+    """The script of replies now (`{"script": null}` when there is none)."""
+    script = request.app[SIM].script
+    if script is None:
+        return web.json_response({"script": None})
+    return web.json_response(
+        {"script": {"offers": sorted(script.offers), "replies": len(script.steps)}}
+    )
+
+
+async def debug_set_script(request: web.Request) -> web.StreamResponse:
+    """Set the script of replies (`scripted`'s document as JSON; `null` removes it)."""
+    sim = request.app[SIM]
+    try:
+        raw = json.loads(await request.read())
+        sim.script = None if raw is None else parse_script(raw)
+    except (ValueError, ScriptError) as exc:
+        return web.json_response(wire.error(f"Invalid script: {exc}"), status=400)
+    return await debug_script(request)
+
+
 async def debug_reset(request: web.Request) -> web.StreamResponse:
     sim = request.app[SIM]
     sim.driver.reset_counters()
@@ -325,19 +373,20 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except HttpError as exc:
         if exc.status != 429:  # 429s are counted by the limiter
             request.app[SIM].rejected_total += 1
-        return web.json_response(
-            wire.error(str(exc), exc.kind, exc.code), status=exc.status, headers=exc.headers
-        )
+        body = wire.error(str(exc), exc.kind, exc.code)
+        if request.path.startswith("/v1/messages"):  # Anthropic's shape on its API's paths
+            body = error_document(api_of(request.path), exc.status, str(exc))
+        return web.json_response(body, status=exc.status, headers=exc.headers)
     except web.HTTPException as exc:  # unknown path or method: same error shape
         if exc.status < 400:
             raise
         return web.json_response(wire.error(exc.reason), status=exc.status)
 
 
-def make_app(params: SimParams) -> web.Application:
+def make_app(params: SimParams, script: Script | None = None) -> web.Application:
     """The aiohttp application of one simulated replica (the engine loop starts with it)."""
     app = web.Application(middlewares=[errors], client_max_size=64 * 1024 * 1024)
-    sim = Simulator(params)
+    sim = Simulator(params, script)
     app[SIM] = sim
 
     async def lifecycle(app: web.Application) -> Any:
@@ -347,6 +396,9 @@ def make_app(params: SimParams) -> web.Application:
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/messages", doors.messages(answer_chat))
+    app.router.add_post("/v1/messages/count_tokens", doors.count_tokens)
+    app.router.add_post("/v1/responses", doors.responses(answer_chat))
     app.router.add_post("/classify", classify)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
@@ -357,6 +409,8 @@ def make_app(params: SimParams) -> web.Application:
     app.router.add_get("/debug/limits", debug_limits)
     app.router.add_post("/debug/limits", debug_set_limits)
     app.router.add_post("/debug/reset", debug_reset)
+    app.router.add_get("/debug/script", debug_script)
+    app.router.add_post("/debug/script", debug_set_script)
     return app
 
 
@@ -392,9 +446,11 @@ async def serve(
     port: int = 0,
     *,
     tls: ssl.SSLContext | None = None,
+    script: Script | None = None,
 ) -> RunningServer:
-    """Start a replica on host:port (0 picks a free port), over TLS when `tls` is given."""
-    runner = web.AppRunner(make_app(params), handler_cancellation=True, access_log=None)
+    """Start a replica on host:port (0 picks a free port), over TLS when `tls` is given, with
+    a script of replies when `script` is given."""
+    runner = web.AppRunner(make_app(params, script), handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from luftpause.testkit.engine.params import SimParams
-from luftpause.testkit.engine.script import Reply, token_logprobs
+from luftpause.testkit.engine.script import Reply, ToolCall, token_logprobs
 
 DONE = b"data: [DONE]\n\n"
 
@@ -43,12 +43,11 @@ def usage(*, prompt: int, completion: int, cached: int) -> dict[str, Any]:
     }
 
 
-def _tool_call(reply: Reply) -> dict[str, Any]:
-    assert reply.tool_call is not None
+def _tool_call(call: ToolCall) -> dict[str, Any]:
     return {
-        "id": reply.tool_call.id,
+        "id": call.id,
         "type": "function",
-        "function": {"name": reply.tool_call.name, "arguments": reply.arguments},
+        "function": {"name": call.name, "arguments": call.arguments},
     }
 
 
@@ -57,8 +56,8 @@ def completion(
 ) -> dict[str, Any]:
     """A non-streamed chat completion."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    if reply.tool_call is not None:
-        message["tool_calls"] = [_tool_call(reply)]
+    if reply.tool_calls:
+        message["tool_calls"] = [_tool_call(call) for call in reply.generated_calls()]
     logprobs = None
     if top_logprobs is not None:
         logprobs = {"content": [token_logprobs(reply, i, top_logprobs) for i in range(generated)]}
@@ -109,17 +108,23 @@ def tokens_chunk(
     env: Envelope, reply: Reply, start: int, stop: int, top_logprobs: int | None
 ) -> bytes:
     """One SSE frame carrying generated tokens `start` to `stop` (exclusive)."""
-    text = "".join(reply.pieces[start:stop])
     delta: dict[str, Any]
-    if reply.tool_call is None:
+    if not reply.tool_calls:
+        text = "".join(reply.pieces[start:stop])
         delta = {"role": "assistant", "content": text} if start == 0 else {"content": text}
-    elif start == 0:
-        call = _tool_call(reply)
-        call["index"] = 0
-        call["function"]["arguments"] = text  # the first piece of a call is empty
-        delta = {"role": "assistant", "content": None, "tool_calls": [call]}
     else:
-        delta = {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}
+        calls = []
+        for span in reply.calls_in(start, stop):
+            if span.opens:  # the call's first token: its id and name come with it
+                call = _tool_call(
+                    ToolCall(id=span.call.id, name=span.call.name, arguments=span.text)
+                )
+                calls.append({"index": span.index, **call})
+            else:
+                calls.append({"index": span.index, "function": {"arguments": span.text}})
+        delta = {"tool_calls": calls}
+        if start == 0:
+            delta = {"role": "assistant", "content": None, **delta}
     logprobs = None
     if top_logprobs is not None:
         logprobs = {"content": [token_logprobs(reply, i, top_logprobs) for i in range(start, stop)]}

@@ -1,0 +1,3 @@
+"""OpenAI's Responses API (Codex's door): the request's checks and its translation to Chat
+Completions (`request`), the reply translated back (`reply`), and a reply relayed unchanged read
+for the turn's facts (`observe`)."""
