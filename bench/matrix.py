@@ -42,9 +42,9 @@ from typing import Any
 from bench.arms import ARMS as ALL_ARMS
 from bench.common import RESULTS, rotated, write_result
 from bench.flood import _scale, one_arm
-from bench.matrix_report import matrix_table
+from bench.matrix_report import ablation_table, matrix_table
 
-ARMS = ("router-cache_aware", "router-round_robin", "luftpause")
+ARMS = ("router-cache_aware", "luftpause")
 ALONE = "interactive-alone"
 ENGINES = ("kv", "slots", "real")
 TOOLS = ("openai", "text")
@@ -192,6 +192,7 @@ async def main_async(a: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]
             out[cell.name] = result
         payload = {"benchmark": "matrix", "cells": out, "logs": str(workdir)}
         payload["table"] = matrix_table(out)
+        payload["ablations"] = ablation_table(out)
         write_result(a.out, payload)  # after every cell: a long run keeps what it measured
     return out
 
@@ -209,7 +210,8 @@ def main() -> None:
         nargs="+",
         choices=ALL_ARMS,
         default=list(ARMS),
-        help="default: the two router policies and luftpause (ablations: see bench.arms)",
+        help="default: cache_aware (the best router arm: bench.router_fields) and luftpause; "
+        "ablations and round_robin: see bench.arms",
     )
     p.add_argument("--repeats", type=int, help="per cell (simulated 3, real 2)")
     p.add_argument("--time-scale", type=float, default=8.0, help="simulated cells only")
