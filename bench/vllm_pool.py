@@ -9,10 +9,15 @@ name) in its own session, offline, with
 
 - prefix caching on (`--enable-prefix-caching`; vLLM's CPU build shares it in blocks of 128
   tokens) and cached prompt tokens reported in `usage` (`--enable-prompt-tokens-details`);
-- a KV pool of `kv_gib` GiB (`--kv-cache-memory-bytes`; the `VLLM_CPU_KVCACHE_SPACE` variable
-  takes whole GiB only), or `kv_tokens` tokens as vLLM counts them in `/metrics`
-  (`vllm:cache_config_info`'s `kv_cache_size_tokens`: `TOKENS_PER_GIB` a GiB for this model,
-  whose sliding-window layers hold only their window);
+- a KV pool of `kv_gib` GiB or `kv_tokens` tokens (`--kv-cache-memory-bytes`; the
+  `VLLM_CPU_KVCACHE_SPACE` variable takes whole GiB only). Gemma 3 keeps only a 512-token window
+  in five of every six layers, and vLLM's hybrid KV manager would store just that window there,
+  which makes its pool's size in tokens depend on how long the contexts are (`/metrics` then
+  states a guess made for contexts of `--max-model-len`). Here every layer keeps every token
+  (`--disable-hybrid-kv-cache-manager`), as in the full-attention models most GPUs serve: the
+  pool is a plain token count, `kv_cache_size_tokens` in `vllm:cache_config_info`, 18 KiB a
+  token (`kv_bytes_per_token`), about 58k tokens a GiB, in blocks of 128 tokens. `hybrid_kv`
+  keeps vLLM's default instead. The longest context is cut to what the pool holds;
 - at most `max_num_seqs` requests running at once;
 - tool calls parsed by vLLM's `hermes` parser from the `<tool_call>` blocks the model's chat
   template teaches (`--enable-auto-tool-choice`);
@@ -33,13 +38,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 from luftpause.testkit.llamacpp import MODEL
 from luftpause.testkit.procs import ChildFailed, Proc, free_port
@@ -52,10 +59,9 @@ VLLM_PYTHON = ROOT / ".vllm" / "venv" / "bin" / "python"
 READY_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 KV_GIB = 1.0
-# What vLLM 0.32's CPU build reports as `kv_cache_size_tokens` for this model at 1 GiB.
-TOKENS_PER_GIB = 247_802
 MAX_NUM_SEQS = 64
 MAX_MODEL_LEN = 16_384
+BLOCK_TOKENS = 128  # vLLM's CPU build allocates and caches KV in blocks of this many tokens
 GIB = 1 << 30
 
 
@@ -63,14 +69,32 @@ class VllmUnavailable(RuntimeError):
     """`make vllm` has not been run: no vLLM venv or no converted model."""
 
 
-def kv_bytes(kv_gib: float | None, kv_tokens: int | None) -> int:
-    """The KV pool in bytes from GiB or tokens (exactly one of them)."""
-    if (kv_gib is None) == (kv_tokens is None):
-        raise ValueError("give the KV pool in GiB or in tokens, not both or neither")
-    gib = kv_gib if kv_gib is not None else (kv_tokens or 0) / TOKENS_PER_GIB
-    if gib <= 0:
-        raise ValueError("the KV pool must be positive")
-    return int(gib * GIB)
+def kv_bytes_per_token(config: Mapping[str, Any]) -> int:
+    """KV bytes one token takes in every layer (keys and values, bfloat16), from config.json."""
+    heads = config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * heads * head_dim * 2
+
+
+def kv_pool_bytes(kv_gib: float | None, kv_tokens: int | None, per_token: int) -> int:
+    """The KV pool in bytes from GiB or tokens (KV_GIB if neither), at least one block."""
+    if kv_gib is not None and kv_tokens is not None:
+        raise ValueError("give the KV pool in GiB or in tokens, not both")
+    block = BLOCK_TOKENS * per_token
+    if kv_tokens is not None:
+        size = -(-kv_tokens // BLOCK_TOKENS) * block  # whole blocks, rounded up
+    else:
+        size = int((KV_GIB if kv_gib is None else kv_gib) * GIB)
+    if size < 2 * block:
+        raise ValueError(f"the KV pool must hold at least two blocks of {BLOCK_TOKENS} tokens")
+    return size
+
+
+def longest_context(pool_bytes: int, per_token: int, max_model_len: int) -> int:
+    """`max_model_len`, cut to what the pool holds: vLLM keeps one of its blocks empty, and
+    refuses to start unless one context of the longest length fits in the others."""
+    blocks = pool_bytes // (BLOCK_TOKENS * per_token)
+    return min(max_model_len, (blocks - 1) * BLOCK_TOKENS)
 
 
 def engine_args(
@@ -80,9 +104,11 @@ def engine_args(
     kv_pool_bytes: int,
     max_num_seqs: int,
     max_model_len: int,
+    hybrid_kv: bool = False,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The api_server's command line after the interpreter."""
+    hybrid = [] if hybrid_kv else ["--disable-hybrid-kv-cache-manager"]
     return [
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -108,6 +134,7 @@ def engine_args(
         "hermes",
         "--uvicorn-log-level",
         "warning",
+        *hybrid,
         *extra,
     ]
 
@@ -144,18 +171,24 @@ async def start_vllm_engines(
     workdir: Path,
     n: int = 2,
     *,
-    kv_gib: float | None = KV_GIB,
+    kv_gib: float | None = None,
     kv_tokens: int | None = None,
     max_num_seqs: int = MAX_NUM_SEQS,
     max_model_len: int = MAX_MODEL_LEN,
+    hybrid_kv: bool = False,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """Start `n` replicas (logs in `workdir`), stopped when `exits` closes; their base URLs.
 
-    Give the KV pool in GiB or, with `kv_gib=None`, in tokens.
+    The KV pool is `kv_gib` GiB or `kv_tokens` tokens (KV_GIB if neither; `hybrid_kv` takes
+    GiB only).
     """
     check_built()
-    pool = kv_bytes(kv_gib, kv_tokens)
+    if hybrid_kv and kv_tokens is not None:
+        raise ValueError("with the hybrid KV manager the pool's size in tokens is not fixed")
+    per_token = kv_bytes_per_token(json.loads((MODEL_DIR / "config.json").read_text()))
+    pool = kv_pool_bytes(kv_gib, kv_tokens, per_token)
+    longest = longest_context(pool, per_token, max_model_len)
     cores = os.cpu_count() or 1
     procs: list[tuple[Proc, str]] = []
     for i in range(n):
@@ -166,7 +199,8 @@ async def start_vllm_engines(
                 model_dir=MODEL_DIR,
                 kv_pool_bytes=pool,
                 max_num_seqs=max_num_seqs,
-                max_model_len=max_model_len,
+                max_model_len=longest,
+                hybrid_kv=hybrid_kv,
                 extra=extra_args,
             ),
             program=[str(VLLM_PYTHON)],
@@ -193,10 +227,11 @@ async def _serve_pool(args: argparse.Namespace) -> None:
             exits,
             workdir,
             args.n,
-            kv_gib=None if args.kv_tokens else args.kv_gib,
+            kv_gib=args.kv_gib,
             kv_tokens=args.kv_tokens,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len,
+            hybrid_kv=args.hybrid_kv,
         )
         for url in urls:
             print(url, flush=True)
@@ -215,16 +250,20 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("-n", type=int, default=2, help="replicas to start")
-    p.add_argument("--kv-gib", type=float, default=KV_GIB, help="KV pool per replica, GiB")
-    p.add_argument(
-        "--kv-tokens", type=int, default=None, help="KV pool per replica in tokens instead"
-    )
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-gib", type=float, help=f"KV pool per replica, GiB (default {KV_GIB})")
+    kv.add_argument("--kv-tokens", type=int, help="KV pool per replica in tokens instead")
     p.add_argument("--max-num-seqs", type=int, default=MAX_NUM_SEQS, help="most running")
     p.add_argument("--max-model-len", type=int, default=MAX_MODEL_LEN, help="longest context")
+    p.add_argument(
+        "--hybrid-kv",
+        action="store_true",
+        help="keep vLLM's hybrid KV manager (sliding-window layers hold only their window)",
+    )
     a = p.parse_args(argv)
     try:
         asyncio.run(_serve_pool(a))
-    except (VllmUnavailable, ChildFailed) as exc:
+    except (VllmUnavailable, ChildFailed, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
     return 0
