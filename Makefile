@@ -1,4 +1,6 @@
 # Two commands on a fresh machine: `make up` and `make test`. Everything else is for developers.
+# `make vllm` builds a real batching engine for the benchmarks and the real_engine tests: vLLM's
+# CPU build and a small model for it (about 4.3 GB, 6 minutes, once).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin

@@ -48,6 +48,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from bench.real_pool import serve_until_stopped
 from luftpause.testkit.llamacpp import MODEL
 from luftpause.testkit.procs import ChildFailed, Proc, free_port
 from luftpause.testkit.vllm_model import MODEL_DIR, ready
@@ -233,14 +234,7 @@ async def _serve_pool(args: argparse.Namespace) -> None:
             max_model_len=args.max_model_len,
             hybrid_kv=args.hybrid_kv,
         )
-        for url in urls:
-            print(url, flush=True)
-        print(f"model {MODEL}; logs in {workdir}; Ctrl-C stops", file=sys.stderr, flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await serve_until_stopped(urls, workdir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,8 +31,9 @@ from openai import AsyncOpenAI
 from bench.vllm_pool import MODEL, VllmUnavailable, check_built, start_vllm_engines
 from luftpause.scheduler.engine_load import parse_load
 from luftpause.testkit.agents import LOOKUP_TOOL
-from luftpause.testkit.preambles import FILLER, GEMMA_PREAMBLE
+from luftpause.testkit.preambles import FILLER
 from luftpause.testkit.stack import Endpoint, Launcher, write_endpoints
+from luftpause.testkit.vllm_model import check_prompt
 from luftpause.testkit.waits import eventually, read_metrics
 
 pytestmark = [
@@ -129,10 +130,7 @@ async def test_a_turn_through_the_dataplane_streams_the_tool_call_vllm_parsed(
     async with _client(stack) as client:
         stream = await client.chat.completions.create(
             model=MODEL,
-            messages=[
-                *GEMMA_PREAMBLE,  # type: ignore[list-item]
-                {"role": "user", "content": "Task: how deep is Lake Geneva? Look up facts."},
-            ],
+            messages=check_prompt(),  # type: ignore[arg-type]
             tools=LOOKUP_TOOL,
             max_tokens=40,
             temperature=0.0,
