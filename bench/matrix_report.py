@@ -197,7 +197,7 @@ def plot(cells: dict[str, Any], path: Path) -> None:
         x, y = v["batch_x"], v["interactive_x"]
         xs.append(x)
         ys.append(y)
-        marker = {"kv": "o", "slots": "s", "real": "^"}.get(name.split("-")[0], "x")
+        marker = {"kv": "o", "slots": "s", "real": "^", "vllm": "v"}.get(name.split("-")[0], "x")
         color = "#d62728" if name.endswith("-thrash") else "#1f77b4"
         ax.scatter([x], [y], marker=marker, color=color, zorder=3)
         ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")

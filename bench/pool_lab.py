@@ -630,6 +630,9 @@ def summarise(
         prompt = sum(r.prompt for r in mine)
         out[cls] = {
             "runs_per_min": round(len(done) / (wl.window_s / 60), 2),
+            # Turns answered in the window, of finished and unfinished runs alike: runs of a
+            # minute or more finish in step in a short window, so their count moves in jumps.
+            "turns_per_min": round(sum(r.turns for r in mine) / (wl.window_s / 60), 2),
             "run_time_p50_s": round(times[len(times) // 2], 2) if times else None,
             "run_time_p99_s": round(times[int(len(times) * 0.99)], 2) if times else None,
             "cached_share": round(sum(r.cached for r in mine) / prompt, 4) if prompt else None,
