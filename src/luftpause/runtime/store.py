@@ -20,23 +20,32 @@ is refused with the reason (`JournalUnwritable`), never held, and the first spaw
 has room again succeeds.
 `observe`, when given, gets each append's seconds (lock wait, write and fsync; retries
 included); `on_failure` each failed try.
+
+Retention (`archive`): the records of runs that `retention` let go are appended to a file of
+their own under `archive/` (fsync'd), then the live records are written to a new file that is
+fsync'd and renamed over the journal (and the directory fsync'd): a crash leaves the old journal
+or the new one, never half of one, and a start reads only what is live. A crash between the two
+leaves the let-go runs in the old journal too; the next `archive` writes them out again.
+`Store` is what the runtime needs of a journal, this file or a database's (`journal_pg`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from luftpause.runtime import journal
+from luftpause.runtime import journal, retention
 
 JOURNAL_NAME = "runs.jsonl"
+ARCHIVE_DIR = "archive"
 RETRY_EVERY = 1.0
 _READ_CHUNK = 1 << 16
 
@@ -53,6 +62,24 @@ class Syscalls(Protocol):
     def ftruncate(self, fd: int, length: int, /) -> None: ...
 
     def fstat(self, fd: int, /) -> os.stat_result: ...
+
+
+class Store(Protocol):
+    """A journal: read back on start, appended durably, read again for exports, and let go of
+    the runs retention no longer keeps."""
+
+    def open(self) -> list[dict[str, Any]]: ...
+
+    async def append(self, record: dict[str, Any], *, retry: bool = True) -> None: ...
+
+    @property
+    def failing(self) -> str | None: ...
+
+    async def committed(self, handles: Iterable[str] | None = None) -> list[dict[str, Any]]: ...
+
+    async def archive(self, handles: set[str]) -> int: ...
+
+    def close(self) -> None: ...
 
 
 class JournalFile:
@@ -87,13 +114,7 @@ class JournalFile:
     def open(self) -> list[dict[str, Any]]:
         """Read every committed record, cut off a torn tail, and open for appending."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        decoder = journal.JournalDecoder()
-        records: list[dict[str, Any]] = []
-        if self.path.exists():
-            with self.path.open("rb") as f:
-                while chunk := f.read(_READ_CHUNK):
-                    records += decoder.feed(chunk)
-            records += decoder.flush()
+        records, decoder = read_records(self.path)
         if decoder.skipped:
             log.warning("journal.damaged_lines", path=str(self.path), skipped=decoder.skipped)
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -178,3 +199,71 @@ class JournalFile:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+    async def committed(self, handles: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every committed record (a line being written is not yet one), batches taken apart,
+        of `handles` only if given."""
+        records, _ = await asyncio.to_thread(read_records, self.path)
+        expanded = retention.expand(records)
+        if handles is None:
+            return expanded
+        wanted = set(handles)
+        return [r for r in expanded if r.get("run") in wanted]
+
+    async def archive(self, handles: set[str]) -> int:
+        """Move the runs' records to an archive file and rewrite the journal without them (the
+        module docstring); the records moved. Appends wait meanwhile."""
+        if not handles:
+            return 0
+        async with self._lock:
+            return await asyncio.to_thread(self._archive, handles)
+
+    def _archive(self, handles: set[str]) -> int:
+        with self._writing:
+            records, _ = read_records(self.path)
+            live, gone = retention.split(records, handles)
+            if not gone:
+                return 0
+            stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            archive = self.path.parent / ARCHIVE_DIR / f"{self.path.stem}-{stamp}.jsonl"
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            _write_synced(archive, gone)
+            _fsync_dir(archive.parent)
+            fresh = self.path.with_name(self.path.name + ".new")
+            _write_synced(fresh, live)
+            os.replace(fresh, self.path)
+            _fsync_dir(self.path.parent)
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND, 0o644)
+            self._cut_to = None
+        log.info("journal.archived", path=str(archive), runs=len(handles), records=len(gone),
+                 live=len(live))  # fmt: skip
+        return len(gone)
+
+
+def read_records(path: Path) -> tuple[list[dict[str, Any]], journal.JournalDecoder]:
+    """A journal file's committed records and the decoder that read them (torn, skipped)."""
+    decoder = journal.JournalDecoder()
+    records: list[dict[str, Any]] = []
+    if path.exists():
+        with path.open("rb") as f:
+            while chunk := f.read(_READ_CHUNK):
+                records += decoder.feed(chunk)
+        records += decoder.flush()
+    return records, decoder
+
+
+def _write_synced(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("wb") as f:
+        f.writelines(journal.encode(r) for r in records)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -16,6 +16,9 @@ request capabilities gets a task from `run` instead of waiting in the call:
 Records: {"v":1,"type":"task","task":ID,"run":H,"at":ISO} when made, {"v":1,"type":"taskEnded",
 "task":ID,"status":"failed|cancelled","error":...} when failed or cancelled. A task still open
 (its run not over) when the runtime stops is failed on the next start; its run resumes as usual.
+On a shared journal (`journal_pg`) the tasks are the database's: every replica answers for
+every task (the others' task records reach it through `observe`), and an open task stays open
+across a replica's restart, since its run goes on on another replica.
 Any other client, and any other tool, passes through unchanged.
 """
 
@@ -42,7 +45,7 @@ from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError
 from luftpause.runtime.questions import TASKS_SESSION, session_of
 from luftpause.runtime.runs import Runtime
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.store import Store
 
 IDENTIFIER = "io.modelcontextprotocol/tasks"
 TASKS_NAME = "tasks.jsonl"
@@ -79,12 +82,17 @@ def replay(records: list[dict[str, Any]]) -> dict[str, TaskEntry]:
     """The tasks a task file describes."""
     tasks: dict[str, TaskEntry] = {}
     for r in records:
-        if r.get("type") == "task":
-            tasks[r["task"]] = TaskEntry(task_id=r["task"], run=r["run"], created_at=r["at"])
-        elif r.get("type") == "taskEnded" and r.get("task") in tasks:
-            entry = tasks[r["task"]]
-            tasks[r["task"]] = replace(entry, ended=r["status"], error=r.get("error"))
+        fold(tasks, r)
     return tasks
+
+
+def fold(tasks: dict[str, TaskEntry], r: dict[str, Any]) -> None:
+    """One task record applied to the tasks."""
+    if r.get("type") == "task":
+        tasks[r["task"]] = TaskEntry(task_id=r["task"], run=r["run"], created_at=r["at"])
+    elif r.get("type") == "taskEnded" and r.get("task") in tasks:
+        entry = tasks[r["task"]]
+        tasks[r["task"]] = replace(entry, ended=r["status"], error=r.get("error"))
 
 
 def _now() -> str:
@@ -96,15 +104,26 @@ class TasksExtension(Extension):
 
     identifier = IDENTIFIER
 
-    def __init__(self, runtime: Runtime, task_file: JournalFile, spawn: Spawn) -> None:
+    def __init__(
+        self, runtime: Runtime, task_file: Store, spawn: Spawn, *, shared: bool = False
+    ) -> None:
         self.runtime = runtime
         self.file = task_file
         self.spawn = spawn
+        self.shared = shared
         self.tasks: dict[str, TaskEntry] = {}
 
+    def observe(self, record: dict[str, Any]) -> None:
+        """A task record another replica wrote (a shared journal)."""
+        fold(self.tasks, record)
+
     async def resume(self) -> int:
-        """Read the task file; fail the tasks whose run is not over. Returns how many."""
+        """Read the task file; fail the tasks whose run is not over (not on a shared journal,
+        where their runs go on elsewhere). Returns how many."""
         self.tasks = replay(self.file.open())
+        if self.shared:
+            log.info("tasks.replayed", tasks=len(self.tasks), failed=0)
+            return 0
         failed = 0
         for entry in list(self.tasks.values()):
             run = self.runtime.runs.get(entry.run)
@@ -156,7 +175,8 @@ class TasksExtension(Extension):
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
         entry = self._entry(params.task_id)
-        if entry.ended is None and not self.runtime.runs[entry.run].state.phase.over:
+        run = self.runtime.runs.get(entry.run)
+        if entry.ended is None and run is not None and not run.state.phase.over:
             await self.runtime.cancel(entry.run)
             entry = await self._end(entry, "cancelled", None)
         return await self._view(entry)
@@ -190,7 +210,11 @@ class TasksExtension(Extension):
             return out | {"status": "failed", "statusMessage": entry.error, "error": error}
         if entry.ended == "cancelled":
             return out | {"status": "cancelled"}
-        run = self.runtime.runs[entry.run]
+        run = self.runtime.runs.get(entry.run)
+        if run is None:  # let go by retention
+            gone = f"run {entry.run} finished and was archived (--retain-finished)"
+            return out | {"status": "failed", "statusMessage": gone,
+                          "error": {"code": -32603, "message": gone}}  # fmt: skip
         if run.state.phase.over:
             summary = self.runtime.summary(entry.run)
             result = CallToolResult(
