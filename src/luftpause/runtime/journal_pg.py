@@ -54,6 +54,7 @@ RETRY_EVERY = 1.0
 _LOCK_INSERTS = 0x6C756674  # the advisory lock every insert takes: rows commit in seq order
 _LOCK_SCHEMA = 0x6C756675
 NOTIFY_JOURNAL = "luftpause_journal"
+_CONNECT = 2.0  # seconds the writer waits for a connection before it says the database is away
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS luftpause_journal (
@@ -159,7 +160,6 @@ class Database:
             open=False,
             check=AsyncConnectionPool.check_connection,
             kwargs={"autocommit": True, "connect_timeout": 5},
-            reconnect_timeout=0,  # the pool keeps trying while the database is away
         )
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
@@ -301,7 +301,7 @@ class Database:
         """One transaction for every waiting line; the lines refused (`LeaseLost`, or a run
         that exists already) by id."""
         refused: dict[int, Exception] = {}
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.pool.connection(timeout=_CONNECT) as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_INSERTS,))
             batch = await self._not_yet_written(conn, batch)
             runs = [k for p in batch if p.stream == RUNS for k, r in p.rows]
