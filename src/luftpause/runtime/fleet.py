@@ -3,9 +3,11 @@ and the cancels and approvals they ask of it.
 
 Shell module: three loops over `journal_pg`'s database, between it and `runs.Runtime`.
 
-    leases   every third of a lease time: renew this replica's leases (`leases`); a run it
-             drives whose lease is gone (another replica took it while this one could not
-             renew) stops here and becomes a view (`Runtime.lost`); then claim this replica's
+    leases   every third of a lease time: renew this replica's leases (`leases`), and drive
+             the runs among them not driven yet (this replica's name started again, as a
+             container restarted in its pod is); a run it drives whose lease is gone
+             (another replica took it while this one could not renew) stops here and
+             becomes a view (`Runtime.lost`); then claim this replica's
              share of the expired leases, read those runs' records and drive them
              (`Runtime.take`): a dead replica's runs resume on the survivors, from their last
              journaled point, under `resend`'s rules for the calls they had sent.
@@ -121,7 +123,8 @@ class Fleet:
         if lost:
             await self.runtime.lost(await self._states(lost))
             self.runtime.stale -= lost
-        claimed = await self.leases.claim()
+        # Held and not driven: this replica's name restarted (a container restarted in its pod).
+        claimed = sorted(held - driven) + await self.leases.claim()
         if claimed:
             states = await self._states(set(claimed))
             self.runtime.take(states)
