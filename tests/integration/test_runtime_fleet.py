@@ -25,6 +25,8 @@ import psycopg
 import pytest
 import pytest_asyncio
 from mcp import Client
+from mcp.client.extension import ClaimContext
+from mcp.types import CallToolResult
 
 from luftpause.common.procs import Proc
 from luftpause.runtime.leases import renew_every
@@ -34,6 +36,7 @@ from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Launcher, LocalStack
 from luftpause.testkit.waits import WAIT_SECONDS, eventually, local_url
 from tests import pg
+from tests.integration.test_runtime_tasks import TaskHandle, Tasks, get_task
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -178,6 +181,35 @@ async def test_cancel_and_approve_on_any_replica_reach_the_replica_driving_the_r
     async with asyncio.timeout(WAIT_SECONDS), Client(c.url) as client:
         refused = await client.call_tool("approve", {"handle": doomed, "allow": True})
     assert refused.is_error and "is not waiting for an approval" in str(refused.content)
+
+
+class TasksElsewhere(Tasks):
+    """Opts into tasks on one replica; polls tasks/get on another."""
+
+    def __init__(self, other: Replica) -> None:
+        super().__init__(allow=None)
+        self.other = other
+
+    async def resolve(self, handle: TaskHandle, ctx: ClaimContext) -> CallToolResult:
+        async with Client(self.other.url, extensions=[Tasks(allow=None)]) as c:
+            while True:
+                task = await get_task(c.session, handle.task_id)
+                self.seen.append(task)
+                if task["status"] == "completed":
+                    return CallToolResult.model_validate(task["result"])
+                assert task["status"] == "working", task
+                await asyncio.sleep(task["pollIntervalMs"] / 1000)
+
+
+async def test_a_task_made_on_one_replica_is_followed_on_another(fleet: Fleet) -> None:
+    a, b, _ = fleet.replicas
+    tasks = TasksElsewhere(b)
+    args = {"task": "status", "tools": ["set_status"], "maxToolCalls": 1}
+    async with asyncio.timeout(WAIT_SECONDS), Client(a.url, extensions=[tasks]) as c:
+        result = await c.call_tool("run", args)
+    assert result.structured_content is not None, result.content
+    assert result.structured_content["state"] == "finished"
+    assert [t["status"] for t in tasks.seen][-1] == "completed"
 
 
 async def test_postgres_restarted_under_load_loses_nothing(fleet: Fleet) -> None:

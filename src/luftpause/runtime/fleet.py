@@ -82,9 +82,11 @@ class Fleet:
         self._loops: list[asyncio.Task[None]] = []
         self._handling: set[asyncio.Task[None]] = set()
         self._down: dict[str, str] = {}  # loop -> why it cannot reach the database
+        self._pulling = asyncio.Lock()
 
     def start(self) -> None:
         self.runtime.remote = self.ask
+        self.runtime.sync = self.sync
         self._loops = [
             asyncio.create_task(self._lease_loop(), name="fleet leases"),
             asyncio.create_task(self._follow_loop(), name="fleet follow"),
@@ -157,8 +159,20 @@ class Fleet:
                 self._unreachable("follow", exc)
                 await asyncio.sleep(self.db.retry_every)
 
+    async def sync(self) -> None:
+        """Read what was written since the last pull now (a handle spawned elsewhere a moment
+        ago, not yet announced here); a database away leaves the views as they are."""
+        with contextlib.suppress(*UNREACHABLE):
+            async with self.db.pool.connection(timeout=2) as conn:
+                await self._pull(conn)
+
     async def _pull(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Every row written since the last pull, in commit order, to its stream's observer."""
+        """Every row written since the last pull, in commit order, to its stream's observer
+        (one pull at a time: the follow loop's and `sync`'s)."""
+        async with self._pulling:
+            await self._pull_rows(conn)
+
+    async def _pull_rows(self, conn: psycopg.AsyncConnection[Any]) -> None:
         while True:
             cur = conn.cursor(row_factory=tuple_row)
             await cur.execute(

@@ -64,6 +64,7 @@ class Migrations:
             each = forks.instructions_for(n, instructions)
         except ValueError as exc:
             raise RequestError(f"bad arguments: {exc}") from exc
+        await self.runtime.known([handle])
         source = self._run(handle)
         mine = await self._records_of({handle})
         if source.phase is m.Phase.FINISHED:  # as it was before its answer, no round of its own
@@ -89,6 +90,7 @@ class Migrations:
 
     async def export(self, handle: str, identity: Identity, *, subtree: bool = False) -> Bundle:
         """The bundle of `handle` (and, with `subtree`, every run below it), as journaled."""
+        await self.runtime.known([handle])
         source = self._run(handle)
         self._may(source.spec, identity)
         wanted = [handle, *self.runtime.descendants(handle)] if subtree else [handle]

@@ -136,6 +136,9 @@ class Runtime:
         self._stopping = False
         self.rounds: Rounds[Run] = Rounds(caller, self.metrics, self._apply, self._ask)
         self.remote: Remote | None = None  # set on a shared journal (`fleet`)
+        # Catches the views up with the shared journal (`fleet`): a handle spawned elsewhere a
+        # moment ago is known once it returns.
+        self.sync: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.stale: set[str] = set()  # runs stopped here by a lost lease, state to re-read
 
     # --- lifecycle ---
@@ -225,6 +228,11 @@ class Runtime:
                 timer.cancel()
         if states:
             log.warning("runs.lease_lost", runs=sorted(states))
+
+    async def known(self, handles: list[str]) -> None:
+        """On a shared journal, catch up with it first if a handle is not known here yet."""
+        if self.sync is not None and any(h not in self.runs for h in handles):
+            await self.sync()
 
     async def command(self, handle: str, kind: str, args: dict[str, Any]) -> dict[str, Any]:
         """Carry out what another replica asked of a run driven here (`remote`)."""
@@ -358,6 +366,7 @@ class Runtime:
         interrupt: asyncio.Event | None = None,
     ) -> list[dict[str, Any]]:
         """Wait until all (or any) of the runs are over, the timeout, or `interrupt` is set."""
+        await self.known(handles)
         runs = [r for h in handles if (r := self.runs.get(h)) is not None]
         if runs:
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(_over(runs, mode))]
@@ -385,6 +394,7 @@ class Runtime:
 
     async def cancel(self, handle: str, reason: str = "cancelled") -> list[str]:
         """Cancel a run and its running descendants; the handles cancelled."""
+        await self.known([handle])
         if handle not in self.runs:
             raise RequestError(f"no run {handle}")
         if self._elsewhere(handle):
@@ -428,6 +438,7 @@ class Runtime:
 
     async def approve(self, handle: str, allow: bool, call_id: str | None = None) -> dict[str, Any]:
         """Answer the run's pending approval; returns once the answer is journaled."""
+        await self.known([handle])
         run = self.runs.get(handle)
         if run is None:
             raise RequestError(f"no run {handle}")

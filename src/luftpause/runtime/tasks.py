@@ -166,15 +166,15 @@ class TasksExtension(Extension):
     # --- methods ---
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        return await self._view(self._entry(params.task_id), session_of(ctx.request))
+        return await self._view(await self._entry(params.task_id), session_of(ctx.request))
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        self._entry(params.task_id)
+        await self._entry(params.task_id)
         await ask.apply_answers(self.runtime, params.input_responses)
         return {}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        entry = self._entry(params.task_id)
+        entry = await self._entry(params.task_id)
         run = self.runtime.runs.get(entry.run)
         if entry.ended is None and run is not None and not run.state.phase.over:
             await self.runtime.cancel(entry.run)
@@ -183,7 +183,9 @@ class TasksExtension(Extension):
 
     # --- helpers ---
 
-    def _entry(self, task_id: str) -> TaskEntry:
+    async def _entry(self, task_id: str) -> TaskEntry:
+        if task_id not in self.tasks and self.runtime.sync is not None:
+            await self.runtime.sync()  # made on another replica a moment ago?
         entry = self.tasks.get(task_id)
         if entry is None:
             raise MCPError(code=INVALID_PARAMS, message=f"no task {task_id}")
