@@ -117,16 +117,22 @@ class Fleet:
             await asyncio.sleep(every)
 
     async def _lease_tick(self) -> None:
-        driven = {
-            h for h, r in self.runtime.runs.items() if r.here and not r.state.phase.over
-        } | self.runtime.stale
+        runs = self.runtime.runs
+        # Before the renewal: a run begun during it may have its lease renewed or not yet.
+        driving = {h for h, r in runs.items() if r.here and not r.state.phase.over}
         held = await self.leases.renew()
-        lost = (driven - held) | self.runtime.stale
+        # Still driven here and not held: another replica took it. A run that ended meanwhile
+        # dropped its lease with its finished record.
+        lost = {h for h in driving - held if runs[h].here and not runs[h].state.phase.over}
+        lost |= self.runtime.stale
         if lost:
             await self.runtime.lost(await self._states(lost))
             self.runtime.stale -= lost
-        # Held and not driven: this replica's name restarted (a container restarted in its pod).
-        claimed = sorted(held - driven) + await self.leases.claim()
+        # Held and not known here as driven: this replica's name started again (a container
+        # restarted in its pod). A run driven here whose state is over is not one: its
+        # finished record is on its way (`Runtime.take` refuses those, and runs being begun).
+        mine = {h for h, r in runs.items() if r.here}
+        claimed = sorted(held - mine) + await self.leases.claim()
         if claimed:
             states = await self._states(set(claimed))
             self.runtime.take(states)

@@ -140,6 +140,7 @@ class Runtime:
         # moment ago is known once it returns.
         self.sync: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.stale: set[str] = set()  # runs stopped here by a lost lease, state to re-read
+        self.beginning: set[str] = set()  # runs whose first record is being journaled here
 
     # --- lifecycle ---
 
@@ -194,8 +195,8 @@ class Runtime:
         taken: dict[str, Run] = {}
         for handle, state in states.items():
             run = self.runs.get(handle)
-            if run is not None and run.here and not run.state.phase.over:
-                continue  # ours already (a lease renewed late and claimed back)
+            if (run is not None and run.here) or handle in self.beginning:
+                continue  # driven here already (its finished record may be on its way)
             if run is None:
                 run = self.runs[handle] = Run(state=state)
             run.state, run.here = state, True
@@ -325,10 +326,14 @@ class Runtime:
 
     async def _begin(self, record: dict[str, Any]) -> None:
         """Journal a record that begins runs, or refuse them (`JournalUnwritable`)."""
+        handles = {str(r.get("run")) for r in forks.expand([record])}
+        self.beginning |= handles  # their leases are ours before they are in `runs`
         try:
             await self.journal.append(record, retry=False)
         except OSError as exc:
             raise _unwritable(self.journal.failing or repr(exc)) from exc
+        finally:
+            self.beginning -= handles
 
     async def spawn(self, spec: m.RunSpec, *, caller_trace: str | None = None) -> str:
         """Start a run; `caller_trace` is the traceparent of the request that asked for it."""
