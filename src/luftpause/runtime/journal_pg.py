@@ -55,6 +55,10 @@ _LOCK_INSERTS = 0x6C756674  # the advisory lock every insert takes: rows commit 
 _LOCK_SCHEMA = 0x6C756675
 NOTIFY_JOURNAL = "luftpause_journal"
 _CONNECT = 2.0  # seconds the writer waits for a connection before it says the database is away
+# The pool gives up a chain of reconnection tries after this many seconds, and the next request
+# starts a new one at once. Its own default (5 min, the delay doubling from 1 s) left a
+# database back after a minute away unused for up to half a minute more.
+_RECONNECT = 2.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS luftpause_journal (
@@ -159,6 +163,7 @@ class Database:
             max_size=6,
             open=False,
             check=AsyncConnectionPool.check_connection,
+            reconnect_timeout=_RECONNECT,
             kwargs={"autocommit": True, "connect_timeout": 5},
         )
         self._queue: list[_Pending] = []
