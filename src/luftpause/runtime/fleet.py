@@ -23,7 +23,10 @@ Shell module: three loops over `journal_pg`'s database, between it and `runs.Run
 On stop, `close` lets go of this replica's leases (their expiry set to now), so a rolling
 restart hands the runs over at the survivors' next look instead of a lease time later.
 While the database is away every loop says so once, waits and goes on: runs wait at their next
-record (`journal_pg`), views and commands catch up when it is back.
+record (`journal_pg`), views and commands catch up when it is back. Leases expire meanwhile,
+everyone's alike; so a replica that could not reach the database claims nothing for a lease
+time after it can again, long enough for the others to renew theirs: a database restart
+hands no run over (which would turn the calls it had out into calls of unknown outcome).
 """
 
 from __future__ import annotations
@@ -82,6 +85,10 @@ class Fleet:
         self._loops: list[asyncio.Task[None]] = []
         self._handling: set[asyncio.Task[None]] = set()
         self._down: dict[str, str] = {}  # loop -> why it cannot reach the database
+        # After the database was away, no claims for a lease time: the other replicas were
+        # cut off too, and renew their leases once they reach it again.
+        self._claims_held = False
+        self._claims_from = 0.0
         self._pulling = asyncio.Lock()
 
     def start(self) -> None:
@@ -132,12 +139,23 @@ class Fleet:
         # restarted in its pod). A run driven here whose state is over is not one: its
         # finished record is on its way (`Runtime.take` refuses those, and runs being begun).
         mine = {h for h, r in runs.items() if r.here}
-        claimed = sorted(held - mine) + await self.leases.claim()
+        claimed = sorted(held - mine) + await self._claim()
         if claimed:
             states = await self._states(set(claimed))
             self.runtime.take(states)
             async with self.db.pool.connection() as conn:  # commands that waited for them
                 await self._take_commands(conn)
+
+    async def _claim(self) -> list[str]:
+        """This replica's share of the expired leases, unless the database was away from it
+        less than a lease time ago (the module docstring)."""
+        if self._claims_held:
+            self._claims_held = False
+            self._claims_from = time.monotonic() + self.db.lease_seconds
+            log.info("fleet.claims_held", seconds=self.db.lease_seconds)
+        if time.monotonic() < self._claims_from:
+            return []
+        return await self.leases.claim()
 
     async def _states(self, handles: set[str]) -> dict[str, m.RunState]:
         """The runs' states as their journaled records give them."""
@@ -284,6 +302,7 @@ class Fleet:
         if loop not in self._down:
             log.warning("fleet.database_unreachable", loop=loop, error=str(exc))
         self._down[loop] = str(exc)
+        self._claims_held = True
 
     def _up(self, loop: str) -> None:
         if self._down.pop(loop, None) is not None:
