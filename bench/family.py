@@ -19,9 +19,12 @@ For each model the result keeps both arms' runs/min and cached share per class, 
 load (bench.engine_watch) and what luftpause's scheduler saw (bench.scheduler_watch), and the
 ratios luftpause / router. The summary gives the distribution of the ratios and every model where
 luftpause is behind: on batch by more than 10 %, or on both classes. `--lab` runs the same in
-bench.pool_lab's virtual time instead of real processes (seconds per model, no sockets): a model
-of the pool for trying rules, not a result. Writes bench/results/family.json (or `--out`) after
-every model.
+bench.pool_lab's virtual time instead of real processes (about a minute per model, no sockets,
+`--jobs` models side by side; deterministic, so the machine's load does not move it): the same
+scheduler core and dataplane placement driven by a discrete-event model of the engines and
+agents. The lab also counts turns answered per class (`ratio_turns`, `summary_turns`): a run
+lasts a minute or more, so runs finished in a 300 s window move in jumps of a whole run per
+agent. Writes bench/results/family.json (or `--out`) after every model.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import json
 import random
 import statistics
 import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -88,13 +93,15 @@ def lab_arm(model: EngineModel, arm: str, style: str, a: argparse.Namespace) -> 
     return run_lab(model.lab(), wl, front)
 
 
-def ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """luftpause / router per class (runs per minute)."""
+def ratios(
+    arms: dict[str, dict[str, Any]], measure: str = "runs_per_min"
+) -> dict[str, float | None]:
+    """luftpause / router per class (runs per minute, or another per-class `measure`)."""
     out: dict[str, float | None] = {}
     for cls in ("interactive", "batch"):
-        ours = arms["luftpause"][cls]["runs_per_min"]
-        theirs = arms[ROUTER][cls]["runs_per_min"]
-        out[cls] = round(ours / theirs, 3) if theirs else None
+        ours = arms["luftpause"][cls].get(measure)
+        theirs = arms[ROUTER][cls].get(measure)
+        out[cls] = round(ours / theirs, 3) if theirs and ours is not None else None
     return out
 
 
@@ -106,12 +113,15 @@ def behind(r: dict[str, float | None]) -> bool:
     return b < BEHIND_BATCH or (b < 1.0 and i < 1.0)
 
 
-def summarise(models: list[dict[str, Any]]) -> dict[str, Any]:
-    """The distribution of the ratios, the models behind, and the worst one."""
-    rows = [m for m in models if m["ratio"]["batch"] is not None]
+def summarise(models: list[dict[str, Any]], key: str = "ratio") -> dict[str, Any]:
+    """The distribution of the ratios (`key`: by runs, or `ratio_turns`: by turns answered),
+    the models behind, and the worst one."""
+    rows = [m for m in models if key in m and m[key]["batch"] is not None]
+    if not rows:
+        return {}
 
     def spread(cls: str) -> dict[str, float]:
-        vals = sorted(float(m["ratio"][cls]) for m in rows if m["ratio"][cls] is not None)
+        vals = sorted(float(m[key][cls]) for m in rows if m[key][cls] is not None)
         if not vals:
             return {}
         qs = statistics.quantiles(vals, n=10) if len(vals) > 1 else [vals[0]] * 9
@@ -123,8 +133,8 @@ def summarise(models: list[dict[str, Any]]) -> dict[str, Any]:
             "max": vals[-1],
         }
 
-    lagging = [m["name"] for m in rows if behind(m["ratio"])]
-    worst = min(rows, key=lambda m: (m["ratio"]["batch"], m["ratio"]["interactive"] or 0.0))
+    lagging = [m["name"] for m in rows if behind(m[key])]
+    worst = min(rows, key=lambda m: (m[key]["batch"], m[key]["interactive"] or 0.0))
     return {
         "models": len(rows),
         "interactive": spread("interactive"),
@@ -175,16 +185,27 @@ def chosen_models(a: argparse.Namespace) -> list[tuple[EngineModel, str]]:
     return out
 
 
+def lab_arms(job: tuple[EngineModel, str, int, argparse.Namespace]) -> dict[str, Any]:
+    """Both arms of one model in the lab (a worker process's job)."""
+    model, style, i, a = job
+    return {arm: lab_arm(model, arm, style, a) for arm in rotated(list(ARMS), i)}
+
+
 async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-family-"))
     models: list[dict[str, Any]] = []
-    for i, (model, style) in enumerate(chosen_models(a)):
+    chosen = chosen_models(a)
+    labbed: Iterator[dict[str, Any]] = iter(())
+    if a.lab:  # virtual time: deterministic, so models may run side by side
+        pool = ProcessPoolExecutor(a.jobs, max_tasks_per_child=1)
+        labbed = pool.map(lab_arms, [(m, st, i, a) for i, (m, st) in enumerate(chosen)])
+    for i, (model, style) in enumerate(chosen):
         args = workload_args(model, style, a)
         arms: dict[str, dict[str, Any]] = {}
-        for arm in rotated(list(ARMS), i):
-            if a.lab:
-                arms[arm] = lab_arm(model, arm, style, a)
-            else:
+        if a.lab:
+            arms = next(labbed)
+        else:
+            for arm in rotated(list(ARMS), i):
                 arms[arm] = await real_arm(arm, args, workdir)
         row = {
             "name": model.name,
@@ -196,6 +217,8 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
             "ratio": {},
         }
         row["ratio"] = ratios(arms)
+        if all("turns_per_min" in arms[arm]["batch"] for arm in ARMS):
+            row["ratio_turns"] = ratios(arms, "turns_per_min")
         models.append(row)
         print(
             f"{model.name} ({style}): interactive {row['ratio']['interactive']}, batch "
@@ -208,6 +231,7 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
             "args": vars(a),
             "models": models,
             "summary": summarise(models),
+            "summary_turns": summarise(models, "ratio_turns"),
             "table": table(models),
             "logs": str(workdir),
         }
@@ -231,6 +255,7 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=300.0, help="simulated seconds per arm")
     p.add_argument("--seed", type=int, default=1, help="the workload's seed")
     p.add_argument("--lab", action="store_true", help="virtual time (bench.pool_lab), no sockets")
+    p.add_argument("--jobs", type=int, default=2, help="models side by side (--lab only)")
     p.add_argument("--out", default="family")
     a = p.parse_args()
     if a.lab and a.out == "family":

@@ -8,7 +8,10 @@ same closed-loop workload (`luftpause loadgen`) for the same window. Pools:
   each, 48 batch and 4 interactive agents, 8,000-character contexts, up to 3 tool calls per
   run, a 1 s tool, 4x simulated time; rates and durations are reported in simulated time;
 - real: two llama.cpp engines serving Gemma 3 270M (bench/real_pool.py), the workload scaled
-  down to two CPU cores (POOL_DEFAULTS) with the few-shot preamble a base model needs.
+  down to two CPU cores (POOL_DEFAULTS) with the few-shot preamble a base model needs;
+- vllm: two vLLM CPU replicas serving the same model (bench/vllm_pool.py, `make vllm` first),
+  one core each, a KV pool of VLLM_KV_TOKENS each, small enough that the agents' contexts press
+  it: a real batching engine with a block prefix cache, nobody's model.
 
 Arms:
 - sglang-router, cache_aware (pip install sglang-router), the class-blind router people use;
@@ -74,6 +77,15 @@ POOL_DEFAULTS: dict[str, dict[str, Any]] = {
         "keep_tools": True,
     },
 }
+# A vLLM replica's KV pool in the vllm pool: the 28 agents' contexts (about 1,000 tokens and
+# their rounds) need some 40k tokens, so the two replicas' 2 x 16k hold about four fifths.
+VLLM_KV_TOKENS = 16_384
+POOL_DEFAULTS["vllm"] = {
+    **POOL_DEFAULTS["real"],
+    "window_s": 180.0,
+    "batch": 24,
+    "context_chars": 4000,
+}
 # Saved slot contexts per real engine (one per run of the workload: 16 runs over 2 engines;
 # each file is about 8 KB per token, some 15 MB for a run's context here).
 REAL_SLOT_SAVES = 16
@@ -98,6 +110,14 @@ async def one_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str
             model, saves = MODEL, REAL_SLOT_SAVES if slots else 0
             extra = REAL_WORKLOAD[getattr(args, "tool_style", "openai")]
             engines = await start_real_engines(exits, workdir, 2, parallel=parallel)
+        elif args.pool == "vllm":
+            from bench.vllm_pool import MODEL as VLLM_MODEL
+            from bench.vllm_pool import start_vllm_engines
+
+            model = VLLM_MODEL
+            extra = REAL_WORKLOAD[getattr(args, "tool_style", "openai")]
+            kv = getattr(args, "kv_tokens", None) or VLLM_KV_TOKENS
+            engines = await start_vllm_engines(exits, workdir, 2, kv_tokens=kv)
         else:
             model, extra = SIM_MODEL, {}
             engines = await start_engines(exits, workdir, arm, args)
@@ -246,8 +266,8 @@ def main() -> None:
     for key, value in POOL_DEFAULTS[args.pool].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if args.pool == "real" and args.engine_priority:
-        p.error("--engine-priority: llama.cpp has no priority queue")
+    if args.pool in ("real", "vllm") and args.engine_priority:
+        p.error("--engine-priority: the real pools run without a priority queue")
     if args.arms is None:  # the ablations only where the engines have what they turn off
         args.arms = [
             a

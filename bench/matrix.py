@@ -6,7 +6,9 @@ A cell is an engine, a style of tool round, a kind of context and a KV size:
 - engine `kv`: two simulators that batch up to their KV pool as SGLang does (`--admission
   sglang`, up to 48 running requests); `slots`: two that run at most 8 requests and reserve
   whole replies (today's bench engine); `real`: two llama.cpp servers serving Gemma 3 270M,
-  2 slots each (bench/real_pool.py);
+  2 slots each (bench/real_pool.py); `vllm`: two vLLM CPU replicas serving the same model, a KV
+  pool of 16k tokens each (bench/vllm_pool.py, `make vllm` first; 24 batch and 4 interactive
+  agents, ~1,000-token contexts);
 - tools `openai`: tool rounds as OpenAI `tool_calls`, tools offered on every turn; `text`: a
   text protocol, the call written in the reply and its result sent back as a user message, so
   every turn ends without tool calls;
@@ -41,12 +43,13 @@ from typing import Any
 
 from bench.arms import ARMS as ALL_ARMS
 from bench.common import RESULTS, rotated, write_result
-from bench.flood import _scale, one_arm
-from bench.matrix_report import matrix_table
+from bench.flood import VLLM_KV_TOKENS, _scale, one_arm
+from bench.matrix_report import ablation_table, matrix_table
 
-ARMS = ("router-cache_aware", "router-round_robin", "luftpause")
+ARMS = ("router-cache_aware", "luftpause")
 ALONE = "interactive-alone"
-ENGINES = ("kv", "slots", "real")
+ENGINES = ("kv", "slots", "real", "vllm")
+REAL_ENGINES = ("real", "vllm")
 TOOLS = ("openai", "text")
 CONTEXTS = ("unique", "shared")
 KVS = ("fits", "thrash")
@@ -64,8 +67,8 @@ class Cell:
 
     @property
     def name(self) -> str:
-        if self.engine == "real":
-            return f"real-{self.tools}"
+        if self.engine in REAL_ENGINES:
+            return f"{self.engine}-{self.tools}"
         return f"{self.engine}-{self.tools}-{self.context}-{self.kv}"
 
     @classmethod
@@ -83,7 +86,7 @@ class Cell:
             and self.tools in TOOLS
             and self.context in CONTEXTS
             and self.kv in KVS
-            and (self.engine != "real" or (self.context, self.kv) == ("unique", "fits"))
+            and (self.engine not in REAL_ENGINES or (self.context, self.kv) == ("unique", "fits"))
         )
 
 
@@ -96,12 +99,31 @@ def all_cells(which: str) -> list[Cell]:
         for tools in TOOLS
         for context in CONTEXTS
     ]
-    real = [Cell("real", tools) for tools in TOOLS]
+    real = [Cell(engine, tools) for engine in REAL_ENGINES for tools in TOOLS]
     return {"sim": sim, "real": real, "all": [*sim, *real]}[which]
 
 
 def cell_args(cell: Cell, a: argparse.Namespace) -> argparse.Namespace:
     """bench.flood's arguments for one cell."""
+    if cell.engine == "vllm":
+        # The issue's own measurement: 24 batch and 4 interactive agents, ~1,000-token contexts.
+        return argparse.Namespace(
+            pool="vllm",
+            window_s=a.real_window_s,
+            time_scale=1.0,
+            interactive=4,
+            batch=24,
+            context_chars=4000,
+            shared_prefix_chars=0,
+            tool_calls=2,
+            tool_seconds=2.0,
+            max_tokens=40,
+            engine_priority=False,
+            keep_tools=cell.tools == "openai",
+            tool_style=cell.tools,
+            seed=a.seed,
+            kv_tokens=VLLM_KV_TOKENS,
+        )
     if cell.engine == "real":
         return argparse.Namespace(
             pool="real",
@@ -192,6 +214,7 @@ async def main_async(a: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]
             out[cell.name] = result
         payload = {"benchmark": "matrix", "cells": out, "logs": str(workdir)}
         payload["table"] = matrix_table(out)
+        payload["ablations"] = ablation_table(out)
         write_result(a.out, payload)  # after every cell: a long run keeps what it measured
     return out
 
@@ -209,7 +232,8 @@ def main() -> None:
         nargs="+",
         choices=ALL_ARMS,
         default=list(ARMS),
-        help="default: the two router policies and luftpause (ablations: see bench.arms)",
+        help="default: cache_aware (the best router arm: bench.router_fields) and luftpause; "
+        "ablations and round_robin: see bench.arms",
     )
     p.add_argument("--repeats", type=int, help="per cell (simulated 3, real 2)")
     p.add_argument("--time-scale", type=float, default=8.0, help="simulated cells only")
@@ -230,8 +254,8 @@ def main() -> None:
             cells += all_cells(name) if name in ("sim", "real", "all") else [Cell.parse(name)]
         except ValueError as exc:
             p.error(str(exc))
-    sim = [c for c in cells if c.engine != "real"]
-    real = [c for c in cells if c.engine == "real"]
+    sim = [c for c in cells if c.engine not in REAL_ENGINES]
+    real = [c for c in cells if c.engine in REAL_ENGINES]
     if sim:
         asyncio.run(main_async(argparse.Namespace(**{**vars(a), "repeats": a.repeats or 3}), sim))
     if real:

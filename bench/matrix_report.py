@@ -133,6 +133,45 @@ def matrix_table(cells: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+ABLATIONS = (
+    "luftpause-nokv",
+    "luftpause-nosoft",
+    "luftpause-noopenings",
+    "luftpause-nopriority",
+    "luftpause-free",
+    "luftpause-headroom",
+)
+
+
+def ablation_table(cells: dict[str, Any]) -> str:
+    """What each rule earns, per cell that ran its ablation: luftpause's interactive and batch
+    runs/min over the arm with that rule switched off (above 1: the rule pays)."""
+    arms = [a for a in ABLATIONS if any(a in c["results"] for c in cells.values())]
+    if not arms:
+        return ""
+    head = ["cell", *(f"luftpause / {a.removeprefix('luftpause-')}" for a in arms)]
+    rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, cell in cells.items():
+        results = cell["results"]
+        if OURS not in results or not any(a in results for a in arms):
+            continue
+        ours = arm_figures(results[OURS])
+        row = [name]
+        for arm in arms:
+            if arm not in results:
+                row.append("-")
+                continue
+            other = arm_figures(results[arm])
+            ratio = [
+                (_median(ours[c]) or 0.0) / d
+                for c in ("interactive", "batch")
+                if (d := _median(other[c]))
+            ]
+            row.append("-" if len(ratio) < 2 else f"{ratio[0]:.2f}x, {ratio[1]:.2f}x")
+        rows.append("| " + " | ".join(row) + " |")
+    return "\n".join(rows)
+
+
 def plot(cells: dict[str, Any], path: Path) -> None:
     """Each cell as a point: luftpause's batch and interactive runs/min over cache_aware's."""
     import matplotlib
@@ -158,7 +197,7 @@ def plot(cells: dict[str, Any], path: Path) -> None:
         x, y = v["batch_x"], v["interactive_x"]
         xs.append(x)
         ys.append(y)
-        marker = {"kv": "o", "slots": "s", "real": "^"}.get(name.split("-")[0], "x")
+        marker = {"kv": "o", "slots": "s", "real": "^", "vllm": "v"}.get(name.split("-")[0], "x")
         color = "#d62728" if name.endswith("-thrash") else "#1f77b4"
         ax.scatter([x], [y], marker=marker, color=color, zorder=3)
         ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")

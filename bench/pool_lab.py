@@ -527,9 +527,8 @@ class Agents:
         if wl.tool_style == "text":
             calls = 1 if "<tool_call>" in (reply.content or "") else 0
             message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        elif reply.tool_call is not None:
-            calls = 1
-            call = reply.tool_call
+        elif reply.tool_calls:
+            calls = len(reply.tool_calls)
             message = {
                 "role": "assistant",
                 "content": None,
@@ -539,6 +538,7 @@ class Agents:
                         "type": "function",
                         "function": {"name": call.name, "arguments": call.arguments},
                     }
+                    for call in reply.tool_calls
                 ],
             }
         else:
@@ -556,7 +556,10 @@ class Agents:
             return
         run["spent"] += calls
         if wl.tool_style == "openai":
-            result = [{"role": "tool", "tool_call_id": reply.tool_call.id, "content": TOOL_RESULT}]
+            result = [
+                {"role": "tool", "tool_call_id": call.id, "content": TOOL_RESULT}
+                for call in reply.tool_calls
+            ]
         else:
             note = f"\n{LAST_CALL_NOTE}" if run["spent"] >= wl.tool_calls else ""
             result = [
@@ -627,6 +630,9 @@ def summarise(
         prompt = sum(r.prompt for r in mine)
         out[cls] = {
             "runs_per_min": round(len(done) / (wl.window_s / 60), 2),
+            # Turns answered in the window, of finished and unfinished runs alike: runs of a
+            # minute or more finish in step in a short window, so their count moves in jumps.
+            "turns_per_min": round(sum(r.turns for r in mine) / (wl.window_s / 60), 2),
             "run_time_p50_s": round(times[len(times) // 2], 2) if times else None,
             "run_time_p99_s": round(times[int(len(times) * 0.99)], 2) if times else None,
             "cached_share": round(sum(r.cached for r in mine) / prompt, 4) if prompt else None,

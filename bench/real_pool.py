@@ -67,18 +67,22 @@ async def start_real_engines(
     return [url for _, url in procs]
 
 
+async def serve_until_stopped(urls: list[str], workdir: Path) -> None:
+    """Print a pool's URLs, then wait for Ctrl-C or SIGTERM (a pool served by hand)."""
+    for url in urls:
+        print(url, flush=True)
+    print(f"model {MODEL}; logs in {workdir}; Ctrl-C stops", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
 async def _serve_pool(n: int) -> None:
     async with AsyncExitStack() as exits:
         workdir = Path(tempfile.mkdtemp(prefix="luftpause-real-"))  # kept: the engines' logs
-        urls = await start_real_engines(exits, workdir, n)
-        for url in urls:
-            print(url, flush=True)
-        print(f"model {MODEL}; logs in {workdir}; Ctrl-C stops", file=sys.stderr, flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await serve_until_stopped(await start_real_engines(exits, workdir, n), workdir)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,23 +11,27 @@ from bench.matrix import Cell, all_cells, cell_args
 from bench.matrix_report import matrix_table, verdict
 
 
-def test_the_matrix_has_sixteen_simulated_cells_and_two_real_ones() -> None:
+def test_the_matrix_has_sixteen_simulated_cells_and_four_real_ones() -> None:
     sim, real = all_cells("sim"), all_cells("real")
     assert len(sim) == len(set(sim)) == 16 and [c.name for c in real] == [
         "real-openai",
         "real-text",
+        "vllm-openai",
+        "vllm-text",
     ]
     assert {c.engine for c in sim} == {"kv", "slots"}
     assert all_cells("all") == [*sim, *real]
 
 
-@pytest.mark.parametrize("name", ["kv-text-shared-thrash", "slots-openai-unique-fits", "real-text"])
+@pytest.mark.parametrize(
+    "name", ["kv-text-shared-thrash", "slots-openai-unique-fits", "real-text", "vllm-text"]
+)
 def test_a_cell_name_parses_back_to_its_cell(name: str) -> None:
     assert Cell.parse(name).name == name
 
 
 @pytest.mark.parametrize(
-    "name", ["kv-xml-unique-fits", "real-text-unique-fits", "kv", "gpu-openai"]
+    "name", ["kv-xml-unique-fits", "real-text-unique-fits", "vllm-text-shared-fits", "gpu-openai"]
 )
 def test_an_unknown_cell_name_is_refused(name: str) -> None:
     with pytest.raises(ValueError, match="unknown cell"):
@@ -46,6 +50,9 @@ def test_cells_set_the_engine_the_tool_style_the_preamble_and_the_pool() -> None
     assert slots.keep_tools and slots.shared_prefix_chars == 0
     real = cell_args(Cell.parse("real-openai"), a)
     assert (real.pool, real.real_parallel, real.window_s, real.batch) == ("real", 2, 180.0, 6)
+    vllm = cell_args(Cell.parse("vllm-text"), a)
+    assert (vllm.pool, vllm.batch, vllm.interactive, vllm.kv_tokens) == ("vllm", 24, 4, 16_384)
+    assert not vllm.keep_tools and not vllm.engine_priority
 
 
 def rep(interactive: float, batch: float, cached: float = 0.5) -> dict[str, Any]:

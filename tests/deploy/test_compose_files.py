@@ -29,7 +29,7 @@ from tests.deploy.containers import DOCKERFILES, ROOT, VERSION
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "compose.yaml"
 OVERLAYS = ("compose.llamacpp.yaml", "compose.hosted.yaml", "compose.ollama.yaml",
-            "compose.otel.yaml", "compose.postgres.yaml")  # fmt: skip
+            "compose.otel.yaml", "compose.gpu.yaml", "compose.postgres.yaml")  # fmt: skip
 # What the hosted overlay needs from the environment.
 HOSTED_ENV = {
     "HOSTED_URL": "https://api.example.com",
@@ -249,6 +249,68 @@ def test_compose_accepts_the_base_file_with_each_overlay(overlay: str | None) ->
     assert set(merged(*files)) == set(rendered["services"])
     for spec in rendered["services"].values():
         assert not spec["image"].startswith("luftpause/") or spec["image"].endswith(f":{VERSION}")
+
+
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+# The GPU overlay's engines: the official image each runs, the flag naming its model, and the
+# flags luftpause relies on (load and KV in /metrics, prefix caching, priority lower first).
+GPU_ENGINES = {
+    "vllm": (
+        "vllm/vllm-openai:",
+        "--model",
+        {"--enable-prefix-caching", "--enable-prompt-tokens-details", "--enable-auto-tool-choice"},
+    ),
+    "sglang": (
+        "lmsysorg/sglang:",
+        "--model-path",
+        {
+            "--enable-metrics",
+            "--enable-priority-scheduling",
+            "--schedule-low-priority-values-first",
+        },
+    ),
+}
+
+
+def test_the_gpu_overlay_points_luftpause_at_its_official_vllm_and_sglang_replicas() -> None:
+    services = merged("compose.yaml", "compose.gpu.yaml")
+    text = interpolate(services["scheduler"]["environment"]["ENDPOINTS_YAML"], {})
+    assert (
+        services["dataplane"]["environment"]["ENDPOINTS_YAML"]
+        == (services["scheduler"]["environment"]["ENDPOINTS_YAML"])
+    )
+    config = parse_config(yaml.safe_load(text))
+    model = interpolate(services["runtime"]["environment"]["LUFTPAUSE_MODEL"], {})
+    assert {e.id for e in config.endpoints} == set(GPU_ENGINES)
+    for endpoint in config.endpoints:
+        image, model_flag, flags = GPU_ENGINES[endpoint.id]
+        spec = services[endpoint.id]
+        args = [interpolate(str(arg), {}) for arg in spec["command"]]
+        assert interpolate(spec["image"], {}).startswith(image)
+        assert urlsplit(endpoint.url).hostname == endpoint.id
+        assert urlsplit(endpoint.url).port == int(_flag(args, "--port"))
+        assert endpoint.models == frozenset({model}) and _flag(args, model_flag) == model
+        assert endpoint.metrics == "/metrics" and flags <= set(args)
+        assert endpoint.priority is not None
+        assert endpoint.priority.interactive < endpoint.priority.batch
+        [gpu] = spec["deploy"]["resources"]["reservations"]["devices"]
+        assert gpu["capabilities"] == ["gpu"]
+    assert _flag(services["vllm"]["command"], "--scheduling-policy") == "priority"
+
+
+def test_the_gpu_overlay_serves_the_model_the_environment_names_everywhere() -> None:
+    rendered = yaml.safe_load(
+        compose_config(("compose.yaml", "compose.gpu.yaml"), {"GPU_MODEL": "org/some-model"})
+    )
+    services = rendered["services"]
+    assert services["runtime"]["environment"]["LUFTPAUSE_MODEL"] == "org/some-model"
+    config = parse_config(yaml.safe_load(services["scheduler"]["environment"]["ENDPOINTS_YAML"]))
+    assert all(e.models == frozenset({"org/some-model"}) for e in config.endpoints)
+    for name, (_, model_flag, _) in GPU_ENGINES.items():
+        assert _flag(services[name]["command"], model_flag) == "org/some-model"
 
 
 def test_the_hosted_overlay_refuses_to_start_without_its_url() -> None:

@@ -98,12 +98,14 @@ def check_residency(state: State) -> None:
 
 def check_kv_rule(before: State, after: State, event: Event, places: list[Place]) -> None:
     """A new run (one resident nowhere, not held past NEW_RUN_MAX_HOLD_S) started past a
-    replica's KV pool only while some replica had room for a new run (else it is held; where it
-    goes among those with room is the cost's choice, which counts the overflow). The resident
-    tokens just before each placement are those after the step less the footprints added by
-    the placements there later in the step (runs held past the longest hold add theirs
-    unchecked); a replica a run moved away from during the step is not checked (its total also
-    fell). Nothing to check with the rule off."""
+    replica's KV pool only while some replica had room for a new run, or while that replica had
+    nothing waiting to be read (else it is held; where it goes among those with room is the
+    cost's choice, which counts the overflow). The resident tokens just before each placement
+    are those after the step less the footprints added by the placements there later in the
+    step (runs held past the longest hold add theirs unchecked), and its reading pending then
+    is the reading pending after the step less that of the placements there from it on; a
+    replica a run moved away from during the step is not checked (its total also fell).
+    Nothing to check with the rule off."""
     if not after.rules.kv_rule:
         return
     moved_from: set[str] = set()
@@ -132,14 +134,21 @@ def check_kv_rule(before: State, after: State, event: Event, places: list[Place]
         checked = not overdue and not anywhere
         added.setdefault(action.replica_id, []).append((turn.service_class, footprint, checked))
     new_run = residency.new_run_tokens(after)
+    reading: dict[str, list[int]] = {}
+    for action in places:
+        turn = after.turns[action.turn_id]
+        reading.setdefault(turn.replica, []).append(turn.prefill_tokens)
     for rid, placed in added.items():
         replica = after.replicas[rid]
         if replica.kv_tokens is None or rid in moved_from:
             continue
+        # Reading pending just before the step's first placement there.
+        pending = replica.pending_prefill - sum(reading.get(rid, []))
+        idle_first = pending <= 0
         total = replica.resident_tokens
-        for cls, footprint, checked in reversed(placed):
+        for i, (cls, footprint, checked) in enumerate(reversed(placed)):
             total -= footprint
-            if checked:
+            if checked and not (idle_first and i == len(placed) - 1):
                 ok = kv_allows(replica.kv_tokens, total, new_run, cls)
                 assert ok, f"a new {cls} run started on {rid} past its KV pool, none had room"
 

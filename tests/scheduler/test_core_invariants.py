@@ -167,9 +167,14 @@ class CoreMachine(RuleBasedStateMachine):
         if action.slot_restore is not None:
             assert old.saves[files[action.slot_restore]] == turn.run_id, "restored another run"
         if action.slot_save is not None:
-            run = before.runs.get(holder)
-            assert run is not None and run.replica == old.id
-            assert run.phase is not Phase.IDLE or run.resident, "saved a context not wanted back"
+            # The holder's record as the placement saw it: before the step, or as a turn of it
+            # that ended earlier in the same step left it (its replica is that turn's).
+            seen = [r for r in (before.runs.get(holder), self.state.runs.get(holder)) if r]
+            wanted = [r for r in seen if r.replica == old.id]
+            assert wanted, "saved the context of a run that is not on this replica"
+            assert any(r.phase is not Phase.IDLE or r.resident for r in wanted), (
+                "saved a context not wanted back"
+            )
             assert self.state.replicas[old.id].saves[files[action.slot_save]] == holder
 
     def check_placements(self, before: State, event: Event, actions: tuple[Action, ...]) -> None:

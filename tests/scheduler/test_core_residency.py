@@ -99,6 +99,18 @@ def test_the_wait_bound_follows_the_learned_cost_of_reading_a_context() -> None:
     assert holds.soft_wait_s(state, run) == pytest.approx(holds.SOFT_WAIT_FACTOR * reread)
 
 
+def test_the_wait_bound_grows_with_the_sequences_a_read_would_stall() -> None:
+    state = kv_pool("a")
+    for i, uncached in enumerate((100, 1100, 2100, 3100)):
+        state, _ = admit(state, f"t{i}", f"r{i}", at=i)
+        state, _ = decide(state, TurnStarted(at=i + 0.1, turn_id=f"t{i}"))
+        state, _ = decide(state, FirstToken(at=i + 0.1 + 0.001 * uncached, turn_id=f"t{i}"))
+        state = finish(state, f"t{i}", at=i + 0.9, prompt=uncached)
+    alone = holds.soft_wait_s(state, state.runs["r3"])
+    state, _ = decide(state, ProbeResult(at=5, replica_id="a", healthy=True, running=8, waiting=0))
+    assert holds.soft_wait_s(state, state.runs["r3"]) == pytest.approx(8 * alone)
+
+
 def test_runs_that_do_not_come_back_after_an_idle_end_are_not_kept() -> None:
     state = kv_pool("a", "b")
     for i in range(5):

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from luftpause.scheduler.engine_load import Load, parse_load
+
+# Whole /metrics pages of real engines, captured while busy (see each test).
+CAPTURED = Path(__file__).parent / "captured"
 
 SGLANG = """# HELP sglang:num_running_reqs The number of running requests.
 # TYPE sglang:num_running_reqs gauge
@@ -76,6 +81,22 @@ def test_vllm_pool_comes_from_the_cache_config_labels() -> None:
     assert parse_load(VLLM_KV) == Load(running=6, waiting=1, kv_total=32000, kv_used=16000)
     sized = VLLM + 'vllm:cache_config_info{kv_cache_size_tokens="5000"} 1\n'
     assert parse_load(sized) == Load(running=6, waiting=1, kv_total=5000, kv_used=None)
+
+
+def test_a_real_vllm_page_gives_its_running_and_waiting_requests_and_its_kv_pool() -> None:
+    # vLLM 0.32.0's CPU build as bench/vllm_pool.py starts it: a pool of 16,384 tokens (128
+    # blocks, one kept empty), at most 2 running, 4 long requests sent, 10 blocks in use.
+    text = (CAPTURED / "vllm-0.32.0-cpu.metrics.txt").read_text()
+    assert parse_load(text) == Load(running=2, waiting=2, kv_total=16384, kv_used=1290)
+
+
+def test_vllms_stated_token_count_wins_over_its_blocks_when_they_differ() -> None:
+    # The same build with its hybrid KV manager (a 1 GiB pool, 2,730 blocks of 128 tokens):
+    # sliding-window layers hold only their window, and vLLM states 191,967 tokens, not the
+    # 349,440 its blocks would give; the usage share is of the blocks.
+    text = (CAPTURED / "vllm-0.32.0-cpu-hybrid-kv.metrics.txt").read_text()
+    assert 'num_gpu_blocks="2730"' in text and 'block_size="128"' in text
+    assert parse_load(text) == Load(running=2, waiting=2, kv_total=191967, kv_used=2532)
 
 
 def test_vllm_older_usage_name_is_read() -> None:

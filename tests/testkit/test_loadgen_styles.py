@@ -134,6 +134,13 @@ def test_text_calls_parse_without_a_closing_tag_cut_off_by_a_stop_string() -> No
     assert text_tool_calls("The answer is 42 km.") == ([], 0)
 
 
+def test_text_calls_parse_when_max_tokens_cut_the_closing_tag_short() -> None:
+    for cut in ("</", "</tool_", "</tool_call"):
+        calls, dropped = text_tool_calls("42 km.\n" + CALL.removesuffix("</tool_call>") + cut)
+        assert calls == [{"name": "lookup", "arguments": {"query": "q"}}] and dropped == 0
+    assert text_tool_calls(CALL.removesuffix("</tool_call>") + " and more") == ([], 1)
+
+
 def test_the_shared_prefix_is_fixed_text_of_the_asked_length() -> None:
     assert len(shared_prefix(3000)) == 3000 and shared_prefix(3000) == shared_prefix(3000)
     assert shared_prefix(0) == ""

@@ -222,7 +222,7 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def _results(wl: Workload, message: dict[str, Any], calls: int, spent: int) -> list[Any]:
+def answers(wl: Workload, message: dict[str, Any], calls: int, spent: int) -> list[Any]:
     """The messages that answer a turn's calls: tool messages, or one user message."""
     if wl.tool_style == "openai":
         return [
@@ -255,7 +255,7 @@ async def one_run(client: AsyncOpenAI, run: Run, wl: Workload, rng: random.Rando
             break
         spent += calls
         run.tool_calls += calls
-        messages += _results(wl, message, calls, spent)
+        messages += answers(wl, message, calls, spent)
         await asyncio.sleep(wl.tool_seconds)
     run.ended = time.monotonic()
 

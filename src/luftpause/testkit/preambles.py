@@ -108,8 +108,17 @@ def shared_prefix(chars: int) -> str:
 
 
 # A block runs to its closing tag, or to the end of the text when a stop string or max_tokens
-# cut the tag off; its JSON decides whether it is a call.
+# cut the tag off (then without the part of the tag that was written); its JSON decides whether
+# it is a call.
+_CLOSE = "</tool_call>"
 _TEXT_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.DOTALL)
+
+
+def _without_cut_close(block: str) -> str:
+    for n in range(len(_CLOSE) - 1, 0, -1):
+        if block.endswith(_CLOSE[:n]):
+            return block[:-n]
+    return block
 
 
 def text_tool_calls(text: str) -> tuple[list[dict[str, Any]], int]:
@@ -118,7 +127,7 @@ def text_tool_calls(text: str) -> tuple[list[dict[str, Any]], int]:
     blocks = _TEXT_CALL.findall(text)
     for block in blocks:
         try:
-            call = json.loads(block)
+            call = json.loads(_without_cut_close(block))
         except ValueError:
             continue
         if isinstance(call, dict) and isinstance(call.get("name"), str):

@@ -19,9 +19,16 @@ _WAITS = {"r": "replica", "m": "new_run", "o": "room", "s": "single_pass"}
 def status_view(state: State, now: float) -> dict[str, Any]:
     """Replicas with load against capacity, held turns by class and caller, runs by phase."""
     resident: dict[str, int] = {}
+    paused: dict[str, int] = {}
     for run in state.runs.values():
         if run.footprint:
             resident[run.replica] = resident.get(run.replica, 0) + 1
+        if (
+            run.replica
+            and run.phase is Phase.TOOL_PAUSED
+            and run.service_class is ServiceClass.INTERACTIVE
+        ):
+            paused[run.replica] = paused.get(run.replica, 0) + 1
     replicas = [
         {
             "id": r.id,
@@ -37,7 +44,10 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "capped": r.capacity is not None,
             "engine_running": r.engine_running,
             "engine_waiting": r.engine_waiting,
-            "paused_interactive": r.paused_interactive,
+            # Interactive runs paused on a tool whose home is this replica, and of those the
+            # slots batch leaves free for their return (only with the `headroom` rule on).
+            "paused_interactive": paused.get(r.id, 0),
+            "headroom_kept": r.paused_interactive,
             "preemptive": r.preemptive,
             "open": is_open(r),
             # The engine's KV pool against the working set of the runs resident there.

@@ -1,0 +1,59 @@
+"""The engine-family benchmark's verdicts: ratios, who is behind, the distribution (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.family import ROUTER, behind, ratios, summarise
+
+
+def arm(i: float, b: float, turns_i: float | None = None) -> dict[str, Any]:
+    out = {"interactive": {"runs_per_min": i}, "batch": {"runs_per_min": b}}
+    if turns_i is not None:
+        out["interactive"]["turns_per_min"] = turns_i
+        out["batch"]["turns_per_min"] = 4 * b
+    return out
+
+
+def model(name: str, ours: tuple[float, float], theirs: tuple[float, float]) -> dict[str, Any]:
+    arms = {
+        "luftpause": arm(*ours, turns_i=4 * ours[0]),
+        ROUTER: arm(*theirs, turns_i=4 * theirs[0]),
+    }
+    return {
+        "name": name,
+        "arms": arms,
+        "ratio": ratios(arms),
+        "ratio_turns": ratios(arms, "turns_per_min"),
+    }
+
+
+def test_ratios_are_luftpause_over_the_router_per_class() -> None:
+    m = model("a", (12.0, 90.0), (10.0, 100.0))
+    assert m["ratio"] == {"interactive": 1.2, "batch": 0.9}
+    assert m["ratio_turns"] == {"interactive": 1.2, "batch": 0.9}
+
+
+def test_a_router_that_finished_nothing_gives_no_ratio() -> None:
+    assert ratios({"luftpause": arm(1.0, 1.0), ROUTER: arm(0.0, 1.0)})["interactive"] is None
+
+
+def test_behind_means_batch_short_by_more_than_a_tenth_or_short_on_both() -> None:
+    assert behind({"interactive": 3.0, "batch": 0.89})
+    assert not behind({"interactive": 3.0, "batch": 0.9})
+    assert behind({"interactive": 0.99, "batch": 0.99})
+    assert not behind({"interactive": 1.0, "batch": 0.95})
+    assert not behind({"interactive": None, "batch": 0.5})
+
+
+def test_the_summary_names_the_models_behind_and_the_worst() -> None:
+    models = [
+        model("even", (10.0, 100.0), (10.0, 100.0)),
+        model("zero-sum", (40.0, 70.0), (10.0, 100.0)),
+        model("both", (9.0, 95.0), (10.0, 100.0)),
+    ]
+    s = summarise(models)
+    assert s["behind"] == ["zero-sum", "both"] and s["worst"] == "zero-sum"
+    assert (s["batch"]["min"], s["batch"]["max"], s["models"]) == (0.7, 1.0, 3)
+    assert summarise(models, "ratio_turns")["behind"] == ["zero-sum", "both"]
+    assert summarise([], "ratio_turns") == {}
