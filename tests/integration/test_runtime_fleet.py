@@ -223,7 +223,9 @@ async def test_a_task_made_on_one_replica_is_followed_on_another(fleet: Fleet) -
     assert [t["status"] for t in tasks.seen][-1] == "completed"
 
 
-async def test_postgres_away_under_load_for_a_lease_loses_nothing_and_moves_no_run(fleet: Fleet) -> None:
+async def test_postgres_away_under_load_for_a_lease_loses_nothing_and_moves_no_run(
+    fleet: Fleet,
+) -> None:
     live = fleet.replicas
     handles = [await spawn(live[i % 3], ("charge", "set_status")[i % 2]) for i in range(12)]
 
