@@ -3,8 +3,13 @@ journal rewritten atomically with its archive beside it."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from luftpause.runtime import forks, retention
 from luftpause.runtime import journal as j
@@ -78,3 +83,33 @@ async def test_the_file_journal_keeps_only_live_runs_and_archives_the_rest(tmp_p
     decoder = j.JournalDecoder()
     assert [r["run"] for r in decoder.feed(archive.read_bytes())] == ["old"]
     assert not list(tmp_path.glob("*.new"))
+
+
+async def test_appends_go_on_during_a_pass_and_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = JournalFile(tmp_path)
+    store.open()
+    for h in ("old", "live"):
+        await store.append(spawned(h))
+    reading, go = threading.Event(), threading.Event()
+    split = retention.split
+
+    def held_split(records: Any, gone: set[str]) -> Any:
+        if not reading.is_set():  # the pass's first split: the journal as it was read
+            reading.set()
+            assert go.wait(10)
+        return split(records, gone)
+
+    monkeypatch.setattr(retention, "split", held_split)
+    passing = asyncio.create_task(store.archive({"old"}))
+    assert await asyncio.to_thread(reading.wait, 10)
+    async with asyncio.timeout(5):  # not held by the pass under way
+        await store.append(spawned("during"))
+    go.set()
+    assert await passing == 1
+    await store.append(spawned("after"))
+    store.close()
+    again = JournalFile(tmp_path)
+    assert [r["run"] for r in again.open()] == ["live", "during", "after"]
+    again.close()

@@ -21,11 +21,13 @@ has room again succeeds.
 `observe`, when given, gets each append's seconds (lock wait, write and fsync; retries
 included); `on_failure` each failed try.
 
-Retention (`archive`): the records of runs that `retention` let go are appended to a file of
-their own under `archive/` (fsync'd), then the live records are written to a new file that is
-fsync'd and renamed over the journal (and the directory fsync'd): a crash leaves the old journal
-or the new one, never half of one, and a start reads only what is live. A crash between the two
-leaves the let-go runs in the old journal too; the next `archive` writes them out again.
+Retention (`archive`): the records of runs that `retention` let go are written to a file of
+their own under `archive/` (fsync'd), then the live records to a new file; both from the journal
+as it was read, while appends go on. Then appends wait while the lines they added meanwhile are
+copied to the new file, which is fsync'd and renamed over the journal (and the directory
+fsync'd): a crash leaves the old journal or the new one, never half of one, and a start reads
+only what is live. A crash before the rename leaves the let-go runs in the old journal too; the
+next `archive` writes them out again.
 `Store` is what the runtime needs of a journal, this file or a database's (`journal_pg`).
 """
 
@@ -37,6 +39,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -105,6 +108,7 @@ class JournalFile:
         self._writing = threading.Lock()  # `close` waits for a write under way in its thread
         self._cut_to: int | None = None  # the file's committed length, when a cut failed
         self._failing: str | None = None
+        self._archiving = asyncio.Lock()  # one retention pass at a time
 
     @property
     def failing(self) -> str | None:
@@ -212,50 +216,94 @@ class JournalFile:
 
     async def archive(self, handles: set[str]) -> int:
         """Move the runs' records to an archive file and rewrite the journal without them (the
-        module docstring); the records moved. Appends wait meanwhile."""
+        module docstring); the records moved. Appends go on while the journal read so far is
+        rewritten, and wait only while what they added meanwhile is copied over."""
         if not handles:
             return 0
-        async with self._lock:
-            return await asyncio.to_thread(self._archive, handles)
-
-    def _archive(self, handles: set[str]) -> int:
-        with self._writing:
-            records, _ = read_records(self.path)
-            live, gone = retention.split(records, handles)
-            if not gone:
+        async with self._archiving:
+            pass_ = await asyncio.to_thread(self._rewrite, handles)
+            if pass_ is None:
                 return 0
-            stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
-            archive = self.path.parent / ARCHIVE_DIR / f"{self.path.stem}-{stamp}.jsonl"
-            archive.parent.mkdir(parents=True, exist_ok=True)
-            _write_synced(archive, gone)
-            _fsync_dir(archive.parent)
-            fresh = self.path.with_name(self.path.name + ".new")
-            _write_synced(fresh, live)
-            os.replace(fresh, self.path)
+            async with self._lock:
+                moved = await asyncio.to_thread(self._swap, pass_, handles)
+        log.info("journal.archived", path=str(pass_.archive), runs=len(handles), records=moved,
+                 live=pass_.live)  # fmt: skip
+        return moved
+
+    def _rewrite(self, handles: set[str]) -> _Rewrite | None:
+        """The archive file and the new journal for what the journal holds now, both synced."""
+        records, _, end = read_records_to(self.path)
+        live, gone = retention.split(records, handles)
+        if not gone:
+            return None
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        archive = self.path.parent / ARCHIVE_DIR / f"{self.path.stem}-{stamp}.jsonl"
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        _write_synced(archive, gone)
+        _fsync_dir(archive.parent)
+        fresh = self.path.with_name(self.path.name + ".new")
+        _write_synced(fresh, live)
+        return _Rewrite(archive=archive, fresh=fresh, read_to=end, moved=len(gone), live=len(live))
+
+    def _swap(self, pass_: _Rewrite, handles: set[str]) -> int:
+        """Copy the records appended since `_rewrite` read the journal (no append is under way:
+        the caller holds the lock), then rename the new journal over it."""
+        with self._writing:
+            end = self._cut_to if self._cut_to is not None else os.stat(self.path).st_size
+            with self.path.open("rb") as f:
+                f.seek(pass_.read_to)
+                tail = f.read(end - pass_.read_to)
+            decoder = journal.JournalDecoder()
+            live, gone = retention.split(decoder.feed(tail) + decoder.flush(), handles)
+            _append_synced(pass_.archive, gone)
+            _append_synced(pass_.fresh, live)
+            os.replace(pass_.fresh, self.path)
             _fsync_dir(self.path.parent)
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND, 0o644)
             self._cut_to = None
-        log.info("journal.archived", path=str(archive), runs=len(handles), records=len(gone),
-                 live=len(live))  # fmt: skip
-        return len(gone)
+        return pass_.moved + len(gone)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Rewrite:
+    """A retention pass between its two steps: files written, not yet renamed."""
+
+    archive: Path
+    fresh: Path
+    read_to: int  # the journal's bytes read (whole lines); appends since then follow
+    moved: int
+    live: int
+
+
+def read_records_to(path: Path) -> tuple[list[dict[str, Any]], journal.JournalDecoder, int]:
+    """`read_records`, and the offset just past the last whole line read."""
+    decoder = journal.JournalDecoder()
+    records: list[dict[str, Any]] = []
+    read = 0
+    if path.exists():
+        with path.open("rb") as f:
+            while chunk := f.read(_READ_CHUNK):
+                read += len(chunk)
+                records += decoder.feed(chunk)
+        records += decoder.flush()
+    return records, decoder, read - decoder.torn
 
 
 def read_records(path: Path) -> tuple[list[dict[str, Any]], journal.JournalDecoder]:
     """A journal file's committed records and the decoder that read them (torn, skipped)."""
-    decoder = journal.JournalDecoder()
-    records: list[dict[str, Any]] = []
-    if path.exists():
-        with path.open("rb") as f:
-            while chunk := f.read(_READ_CHUNK):
-                records += decoder.feed(chunk)
-        records += decoder.flush()
+    records, decoder, _ = read_records_to(path)
     return records, decoder
 
 
-def _write_synced(path: Path, records: list[dict[str, Any]]) -> None:
-    with path.open("wb") as f:
+def _append_synced(path: Path, records: list[dict[str, Any]]) -> None:
+    if records:
+        _write_synced(path, records, mode="ab")
+
+
+def _write_synced(path: Path, records: list[dict[str, Any]], mode: str = "wb") -> None:
+    with path.open(mode) as f:
         f.writelines(journal.encode(r) for r in records)
         f.flush()
         os.fsync(f.fileno())
