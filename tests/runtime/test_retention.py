@@ -1,20 +1,31 @@
-"""Retention: which finished trees leave the live journal, how the records split, and the file
-journal rewritten atomically with its archive beside it."""
+"""Retention: which finished trees leave the live journal, how the records split, the file
+journal rewritten atomically with its archive beside it while appends go on, and a real runtime
+letting go of old trees (and their tasks) and replaying only the rest."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from luftpause.common.auth import Identity
 from luftpause.runtime import forks, retention
 from luftpause.runtime import journal as j
 from luftpause.runtime import machine as m
+from luftpause.runtime.llm import Llm
+from luftpause.runtime.runs import Runtime, new_handle
 from luftpause.runtime.store import JournalFile
+from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
+from luftpause.runtime.upstream import Upstreams
+from luftpause.testkit.engine.server import RunningServer
+from tests.runtime.loopback import MODEL, FakeMcp
 
 DAY = 86400.0
 
@@ -95,11 +106,11 @@ async def test_appends_go_on_during_a_pass_and_are_kept(
     reading, go = threading.Event(), threading.Event()
     split = retention.split
 
-    def held_split(records: Any, gone: set[str]) -> Any:
+    def held_split(*args: Any) -> Any:
         if not reading.is_set():  # the pass's first split: the journal as it was read
             reading.set()
             assert go.wait(10)
-        return split(records, gone)
+        return split(*args)
 
     monkeypatch.setattr(retention, "split", held_split)
     passing = asyncio.create_task(store.archive({"old"}))
@@ -113,3 +124,80 @@ async def test_appends_go_on_during_a_pass_and_are_kept(
     again = JournalFile(tmp_path)
     assert [r["run"] for r in again.open()] == ["live", "during", "after"]
     again.close()
+
+
+@asynccontextmanager
+async def clocked_runtime(
+    state_dir: Path, model: RunningServer, tools: FakeMcp, clock: list[float]
+) -> AsyncIterator[Runtime]:
+    """A real `Runtime` (journal, model, tools) whose clock the test moves."""
+    upstreams = Upstreams([tools.url], connect_timeout=5.0)
+    upstreams.start()
+    llm = Llm(model.url, timeout=10.0)
+    runtime = Runtime(JournalFile(state_dir), llm, upstreams, clock=lambda: clock[0])
+    runtime.resume()
+    try:
+        yield runtime
+    finally:
+        await runtime.stop()
+        await upstreams.close()
+        await llm.close()
+
+
+def spec_of(tool: str, parent: str | None = None) -> m.RunSpec:
+    return m.RunSpec(handle=new_handle(), task="t", model=MODEL, tools=(tool,), parent=parent)
+
+
+async def test_the_runtime_lets_go_of_old_finished_trees_and_replays_only_the_rest(
+    tmp_path: Path, model: RunningServer, tools: FakeMcp
+) -> None:
+    clock = [time.time()]
+    async with clocked_runtime(tmp_path, model, tools, clock) as runtime:
+        old = await runtime.spawn(spec_of("lookup"))
+        kid = await runtime.spawn(spec_of("lookup", parent=old))
+        parent = await runtime.spawn(spec_of("lookup"))
+        busy = await runtime.spawn(spec_of("deep_search", parent=parent))  # 5 s: still live
+        done = await runtime.await_runs([old, kid, parent], "all", 10)
+        assert {s["state"] for s in done} == {"finished"}
+        clock[0] += 2 * DAY
+        assert await runtime.retain(DAY) == sorted([old, kid])
+        assert runtime.summary(old)["state"] == "unknown"
+        assert set(runtime.runs) == {parent, busy}
+    async with clocked_runtime(tmp_path, model, tools, clock) as again:
+        assert set(again.runs) == {parent, busy}
+    [archive] = (tmp_path / "archive").glob("runs-*.jsonl")
+    decoder = j.JournalDecoder()
+    assert {r["run"] for r in forks.expand(decoder.feed(archive.read_bytes()))} == {old, kid}
+
+
+async def test_the_tasks_of_runs_let_go_leave_the_task_file_with_them(
+    tmp_path: Path, model: RunningServer, tools: FakeMcp
+) -> None:
+    made = [
+        {"v": 1, "type": "task", "task": "t-old", "run": "run-old", "at": "2026-01-01T00:00:00Z"},
+        {"v": 1, "type": "task", "task": "t-new", "run": "run-new", "at": "2026-01-01T00:00:01Z"},
+        {"v": 1, "type": "taskEnded", "task": "t-old", "status": "cancelled", "error": None},
+    ]
+    task_file = JournalFile(tmp_path, TASKS_NAME, key=retention.task_of)
+    task_file.open()
+    for record in made:
+        await task_file.append(record)
+    task_file.close()
+    async with clocked_runtime(tmp_path, model, tools, [time.time()]) as runtime:
+        task_file = JournalFile(tmp_path, TASKS_NAME, key=retention.task_of)
+        extension = TasksExtension(runtime, task_file, spawn=_no_spawn)
+        await extension.resume()
+        assert await extension.retain({"run-old"}) == 1
+        assert set(extension.tasks) == {"t-new"}
+        extension.close()
+    left = [r["task"] for r in j.JournalDecoder().feed((tmp_path / TASKS_NAME).read_bytes())]
+    assert set(left) == {"t-new"}
+    [archive] = (tmp_path / "archive").glob("tasks-*.jsonl")
+    assert [r["type"] for r in j.JournalDecoder().feed(archive.read_bytes())] == [
+        "task",
+        "taskEnded",
+    ]
+
+
+async def _no_spawn(args: dict[str, Any], caller: str, identity: Identity) -> str:
+    raise AssertionError("no run is made here")

@@ -45,7 +45,7 @@ from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV, Identity, token_fr
 from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.runtime import failpoints, journal_pg, outlook, questions, spans, wall
+from luftpause.runtime import failpoints, journal_pg, outlook, questions, retention, spans, wall
 from luftpause.runtime.arguments import spawn_args
 from luftpause.runtime.attention import DEFAULT_PER_HOUR
 from luftpause.runtime.auth import BearerAuth
@@ -311,7 +311,9 @@ async def serve(
     attention.resume()
     db: Database | None = None
     runs_journal: Store = JournalFile(config.state_dir, observe=observe, on_failure=failed)
-    task_file: Store = JournalFile(config.state_dir, TASKS_NAME, observe=observe, on_failure=failed)
+    task_file: Store = JournalFile(
+        config.state_dir, TASKS_NAME, observe=observe, on_failure=failed, key=retention.task_of
+    )
     if config.journal is not None:
         db = Database(
             config.journal,
@@ -343,7 +345,6 @@ async def serve(
         ),
     )
     resumed = runtime.resume(drive=db is None)
-    await runtime.retain(config.retain_finished)
 
     async def spawn(args: dict[str, Any], caller: str, identity: Identity) -> str:
         spec = spec_from(spawn_args(args), caller, config.model)
@@ -386,7 +387,7 @@ async def serve(
     log.info("runtime.starting", url=f"http://{config.host}:{config.port}/mcp", resumed=resumed)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     stopping = asyncio.create_task(stop.wait())
-    retaining = asyncio.create_task(_retain(runtime, config))
+    retaining = asyncio.create_task(_retain(runtime, tasks, config))
     try:
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -411,15 +412,17 @@ async def serve(
         log.info("runtime.stopped")
 
 
-async def _retain(runtime: Runtime, config: RuntimeConfig) -> None:
-    """Retention every `retain_every` seconds (a failure is logged and tried next time)."""
+async def _retain(runtime: Runtime, tasks: TasksExtension, config: RuntimeConfig) -> None:
+    """Retention at start, then every `retain_every` seconds, of runs and then their tasks (a
+    failure is logged and tried next time). In the background: serving does not wait for a
+    first pass over a long history."""
     while True:
-        await asyncio.sleep(config.retain_every)
         try:
-            await runtime.retain(config.retain_finished)
+            await tasks.retain(await runtime.retain(config.retain_finished))
         except Exception as exc:
             log = structlog.get_logger(service="runtime")
             log.warning("runtime.retention_failed", error=repr(exc))
+        await asyncio.sleep(config.retain_every)
 
 
 def main(argv: list[str]) -> int:

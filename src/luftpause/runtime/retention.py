@@ -7,14 +7,15 @@ older than the `at` field, stays). A finished child of a live parent stays,
 since the parent's budgets count its subtree's spend; a finished parent of a live child stays,
 since the child's budgets count up through it.
 
-`split` keeps the journal's order on both sides. A `batch` line whose runs all go or all stay
-moves whole; one that mixes them is taken apart into its records (they were committed together
-already, and a snapshot is written whole or not at all).
+`split` keeps the journal's order on both sides; a record goes by its run (`run_of`), or in the
+task file by its task (`task_of`: the tasks of runs let go leave with them). A `batch` line
+whose runs all go or all stay moves whole; one that mixes them is taken apart into its records
+(they were committed together already, and a snapshot is written whole or not at all).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from luftpause.runtime import budget, forks
@@ -42,21 +43,34 @@ def expired(runs: Mapping[str, HasState], now: float, age: float) -> set[str]:
     return gone
 
 
+def run_of(record: Mapping[str, Any]) -> str:
+    """What a run journal's record is kept by: its run."""
+    return str(record.get("run"))
+
+
+def task_of(record: Mapping[str, Any]) -> str:
+    """What a task file's record is kept by: its task (`tasks`)."""
+    return str(record.get("task"))
+
+
 def split(
-    records: Iterable[dict[str, Any]], gone: set[str]
+    records: Iterable[dict[str, Any]],
+    gone: set[str],
+    key: Callable[[Mapping[str, Any]], str] = run_of,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(live, archived): the records of runs that stay, and of runs in `gone`, in order."""
+    """(live, archived): the records whose `key` stays, and those whose key is in `gone`, in
+    order."""
     live: list[dict[str, Any]] = []
     archived: list[dict[str, Any]] = []
     for record in records:
-        runs = {str(r.get("run")) for r in forks.expand([record])}
-        if runs <= gone:
+        keys = {key(r) for r in forks.expand([record])}
+        if keys <= gone:
             archived.append(record)
-        elif not runs & gone:
+        elif not keys & gone:
             live.append(record)
         else:
             for r in forks.expand([record]):
-                (archived if str(r.get("run")) in gone else live).append(r)
+                (archived if key(r) in gone else live).append(r)
     return live, archived
 
 

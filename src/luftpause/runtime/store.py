@@ -38,7 +38,7 @@ import datetime as dt
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -97,8 +97,10 @@ class JournalFile:
         on_failure: Callable[[str], None] | None = None,
         retry_every: float = RETRY_EVERY,
         syscalls: Syscalls | None = None,
+        key: Callable[[Mapping[str, Any]], str] = retention.run_of,
     ) -> None:
         self.path = state_dir / name
+        self._key = key  # what `archive` lets go by: a record's run, or its task
         self._observe = observe
         self._on_failure = on_failure
         self._retry_every = retry_every
@@ -233,7 +235,7 @@ class JournalFile:
     def _rewrite(self, handles: set[str]) -> _Rewrite | None:
         """The archive file and the new journal for what the journal holds now, both synced."""
         records, _, end = read_records_to(self.path)
-        live, gone = retention.split(records, handles)
+        live, gone = retention.split(records, handles, self._key)
         if not gone:
             return None
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
@@ -254,7 +256,8 @@ class JournalFile:
                 f.seek(pass_.read_to)
                 tail = f.read(end - pass_.read_to)
             decoder = journal.JournalDecoder()
-            live, gone = retention.split(decoder.feed(tail) + decoder.flush(), handles)
+            tail_records = decoder.feed(tail) + decoder.flush()
+            live, gone = retention.split(tail_records, handles, self._key)
             _append_synced(pass_.archive, gone)
             _append_synced(pass_.fresh, live)
             os.replace(pass_.fresh, self.path)

@@ -16,6 +16,7 @@ request capabilities gets a task from `run` instead of waiting in the call:
 Records: {"v":1,"type":"task","task":ID,"run":H,"at":ISO} when made, {"v":1,"type":"taskEnded",
 "task":ID,"status":"failed|cancelled","error":...} when failed or cancelled. A task still open
 (its run not over) when the runtime stops is failed on the next start; its run resumes as usual.
+A task leaves the file (for its archive) with its run, when retention lets the run go (`retain`).
 On a shared journal (`journal_pg`) the tasks are the database's: every replica answers for
 every task (the others' task records reach it through `observe`), and an open task stays open
 across a replica's restart, since its run goes on on another replica.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -132,6 +133,17 @@ class TasksExtension(Extension):
                 failed += 1
         log.info("tasks.replayed", tasks=len(self.tasks), failed=failed)
         return failed
+
+    async def retain(self, runs: Iterable[str]) -> int:
+        """Let go of the tasks of runs retention let go (`Runtime.retain`): out of the task
+        file, then out of memory; how many."""
+        let_go = set(runs)
+        gone = {t for t, entry in self.tasks.items() if entry.run in let_go}
+        if gone:
+            await self.file.archive(gone)
+            for task_id in gone:
+                self.tasks.pop(task_id, None)
+        return len(gone)
 
     def close(self) -> None:
         self.file.close()
