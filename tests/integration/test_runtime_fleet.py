@@ -3,7 +3,9 @@ the engine simulator, `luftpause fake-mcp` with a ledger (requests and execution
 idempotency key), Debian's PostgreSQL on a temporary directory, three `luftpause runtime
 --journal postgresql://...` with short leases.
 
-Any replica answers for any run (await, status, cancel, approve, export); a replica SIGKILLed in
+Any replica answers for any run (await, status, cancel, approve, export, tasks), and one MCP
+client (protocol 2026-07-28, no session) works through a plain round-robin balancer in front of
+all three; a replica SIGKILLed in
 the middle of its runs' tool calls has them finished, once each, by the survivors within the
 lease time and the rounds they had left, and no call of the non-idempotent `charge` is sent
 twice; PostgreSQL away under load for longer than a lease: the replicas are not ready
@@ -13,6 +15,7 @@ meanwhile, wait and go on, each run finished once by the replica that spawned it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import time
@@ -26,6 +29,7 @@ import aiohttp
 import psycopg
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from mcp import Client
 from mcp.client.extension import ClaimContext
 from mcp.types import CallToolResult
@@ -192,6 +196,73 @@ async def test_cancel_and_approve_on_any_replica_reach_the_replica_driving_the_r
     async with asyncio.timeout(WAIT_SECONDS), Client(c.url) as client:
         refused = await client.call_tool("approve", {"handle": doomed, "allow": True})
     assert refused.is_error and "is not waiting for an approval" in str(refused.content)
+
+
+class RoundRobin:
+    """A plain load balancer in this process: each HTTP request to the next replica in turn,
+    the response streamed back (no stickiness of any kind)."""
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        self.backends = [local_url(r.port) for r in replicas]
+        self.served = [0] * len(replicas)
+        self._next = itertools.cycle(range(len(replicas)))
+        self.url = ""
+
+    async def _forward(self, request: web.Request) -> web.StreamResponse:
+        i = next(self._next)
+        self.served[i] += 1
+        skip = {"host", "content-length", "transfer-encoding", "connection"}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
+        url = self.backends[i] + request.rel_url.path_qs
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                request.method, url, headers=headers, data=await request.read()
+            ) as upstream,
+        ):
+            out = web.StreamResponse(status=upstream.status)
+            for k, v in upstream.headers.items():
+                if k.lower() not in skip | {"content-encoding"}:
+                    out.headers[k] = v
+            await out.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[RoundRobin]:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._forward)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            self.url = local_url(port) + "/mcp"
+            yield self
+        finally:
+            await runner.cleanup()
+
+
+async def test_one_client_behind_a_plain_round_robin_balancer_works_with_every_replica(
+    fleet: Fleet,
+) -> None:
+    balancer = RoundRobin(fleet.replicas)
+    async with balancer.serving(), asyncio.timeout(WAIT_SECONDS), Client(balancer.url) as c:
+
+        async def tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
+            result = await c.call_tool(name, args)
+            assert not result.is_error and result.structured_content is not None, result
+            return dict(result.structured_content)
+
+        args = {"task": "use set_status", "tools": ["set_status"], "maxToolCalls": 1}
+        handle = (await tool("spawn", args))["handle"]
+        [summary] = (await tool("await", {"handles": [handle], "timeout": 30}))["runs"]
+        assert summary["state"] == "finished"
+        assert (await tool("status", {"handles": [handle]}))["runs"][0]["state"] == "finished"
+        assert handle in json.dumps(await tool("export", {"handle": handle}))
+    assert all(balancer.served), balancer.served
 
 
 class TasksElsewhere(Tasks):
