@@ -298,7 +298,8 @@ async def test_postgres_away_under_load_for_a_lease_loses_nothing_and_moves_no_r
     fleet: Fleet,
 ) -> None:
     live = fleet.replicas
-    handles = [await spawn(live[i % 3], ("charge", "set_status")[i % 2]) for i in range(12)]
+    spawns = [spawn(live[i % 3], ("charge", "set_status")[i % 2]) for i in range(12)]
+    handles = list(await asyncio.gather(*spawns))
 
     async def all_ready() -> list[int]:
         return list(await asyncio.gather(*map(ready, live)))
