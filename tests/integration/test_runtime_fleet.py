@@ -310,8 +310,10 @@ async def test_postgres_away_under_load_for_a_lease_loses_nothing_and_moves_no_r
     await eventually(some_executing, bool, "a tool call under way")
     await asyncio.to_thread(fleet.pg.stop)
     try:
-        await eventually(all_ready, lambda s: s == [503] * 3, "every replica not ready")
-        await asyncio.sleep(LEASE)  # the scenario: every lease expires while it is away
+        await asyncio.gather(
+            eventually(all_ready, lambda s: s == [503] * 3, "every replica not ready"),
+            asyncio.sleep(LEASE),  # the scenario: every lease expires while it is away
+        )
     finally:
         await asyncio.to_thread(fleet.pg.start)
     summaries = await await_all(live[1], handles)

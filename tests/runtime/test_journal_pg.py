@@ -15,7 +15,7 @@ import pytest
 
 from luftpause.runtime import journal as j
 from luftpause.runtime import machine as m
-from luftpause.runtime.journal_pg import RUNS, Database, LeaseLost, PgJournal, rows_of
+from luftpause.runtime.journal_pg import RUNS, Database, LeaseLost, NameTaken, PgJournal, rows_of
 from luftpause.runtime.leases import Leases, share
 from luftpause.testkit.postgres import Postgres
 from tests import pg
@@ -198,3 +198,19 @@ async def test_archived_runs_leave_the_live_rows_for_the_archive_table(url: str)
         assert [r["run"] for r in await store.committed()] == ["run-live"]
         archived, _ = await db.read(RUNS, archive=True)
     assert [r["run"] for r in archived] == ["run-old"]
+
+
+async def test_a_second_process_under_a_name_in_use_is_refused_until_the_first_is_gone(
+    url: str,
+) -> None:
+    async with database(url, "r1") as first:
+        await first.hold_name(wait=0)
+        second = Database(url, "r1", lease_seconds=30, retry_every=0.05)
+        try:
+            with pytest.raises(NameTaken, match="'r1'"):
+                await second.hold_name(wait=0.2)
+            assert await first.keep_name()
+        finally:
+            await second.close()
+    async with database(url, "r1") as again:
+        await again.hold_name(wait=5)  # the first's lock went with its connection

@@ -20,6 +20,10 @@ Shell module: three loops over `journal_pg`'s database, between it and `runs.Run
              follow loop carries it out (`Runtime.command`) and writes the reply; `ask` returns
              it, or an error once `lease_seconds` twice over (and a margin) have passed.
 
+Each tick first makes sure this process still holds its replica name (`Database.keep_name`);
+if another process took it while the database was away from this one, this one stops driving
+its runs (they are the other's now) and says so.
+
 On stop, `close` lets go of this replica's leases (their expiry set to now), so a rolling
 restart hands the runs over at the survivors' next look instead of a lease time later.
 While the database is away every loop says so once, waits and goes on: runs wait at their next
@@ -124,6 +128,9 @@ class Fleet:
             await asyncio.sleep(every)
 
     async def _lease_tick(self) -> None:
+        if not await self.db.keep_name():
+            await self._name_taken()
+            return
         runs = self.runtime.runs
         # Before the renewal: a run begun during it may have its lease renewed or not yet.
         driving = {h for h, r in runs.items() if r.here and not r.state.phase.over}
@@ -295,6 +302,20 @@ class Fleet:
             async with self.db.pool.connection(timeout=2) as conn:
                 await conn.execute("DELETE FROM luftpause_commands WHERE id = %s", (command_id,))
         return {"error": f"the replica driving run {run} did not answer within {limit:g} s"}
+
+    async def _name_taken(self) -> None:
+        """Another process took this replica's name while the database was away from this one:
+        its leases are that process's now (same owner), so this one stops driving its runs and
+        claims nothing until it can hold its name again."""
+        driving = {h for h, r in self.runtime.runs.items() if r.here and not r.state.phase.over}
+        log.error(
+            "fleet.replica_name_taken",
+            replica=self.db.replica,
+            stopped=len(driving),
+            hint="another runtime goes by this --replica; every process needs its own",
+        )
+        if driving:
+            await self.runtime.lost(await self._states(driving))
 
     # --- the database away ---
 

@@ -18,6 +18,10 @@ stored one row each, in one transaction: all or none, as the line is. Appends ar
 writer takes every record waiting, and writes them in one transaction (a group commit), in the
 order they were appended, so a run's records keep their order.
 
+Names: each process holds a session advisory lock on its replica name (`hold_name`), taken at
+start and again after the database restarted; a second process started under a name in use is
+refused (`NameTaken`): two processes of one name would both think they hold its leases.
+
 Fencing: a record of a run is inserted only while this replica holds the run's lease (checked
 in the insert's transaction, the lease row locked `FOR SHARE`, so a take-over waits for it or
 comes first); one that begins runs inserts their leases, and a finished record drops its run's.
@@ -46,6 +50,7 @@ import structlog
 from psycopg.rows import tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
+from luftpause.common.runner import StartupError
 from luftpause.runtime import forks, journal
 
 RUNS = "runs"
@@ -53,6 +58,7 @@ TASKS = "tasks"
 RETRY_EVERY = 1.0
 _LOCK_INSERTS = 0x6C756674  # the advisory lock every insert takes: rows commit in seq order
 _LOCK_SCHEMA = 0x6C756675
+_LOCK_NAMES = 0x6C756676  # with hashtext(replica): held by the process that goes by that name
 NOTIFY_JOURNAL = "luftpause_journal"
 _CONNECT = 2.0  # seconds the writer waits for a connection before it says the database is away
 # The pool gives up a chain of reconnection tries after this many seconds, and the next request
@@ -92,6 +98,10 @@ CREATE TABLE IF NOT EXISTS luftpause_commands (
 """
 
 log = structlog.get_logger(service="runtime")
+
+
+class NameTaken(StartupError):
+    """Another live process goes by this replica's name: two would drive the same runs."""
 
 
 class LeaseLost(RuntimeError):
@@ -169,6 +179,7 @@ class Database:
         self._queue: list[_Pending] = []
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._name: psycopg.AsyncConnection[Any] | None = None  # holds the name's lock
         self.failing: str | None = None
 
     async def connect(self, wait: float | None = None) -> None:
@@ -193,7 +204,43 @@ class Database:
         self.failing = None
         self._writer = asyncio.create_task(self._write_loop(), name="journal writer")
 
+    async def hold_name(self, wait: float) -> None:
+        """Take this replica's name for as long as the process lives (a session advisory lock
+        on a connection of its own), waiting up to `wait` seconds for a process that held it
+        to be gone; `NameTaken` if another still holds it."""
+        deadline = time.monotonic() + wait
+        while not await self.keep_name():
+            if time.monotonic() >= deadline:
+                raise NameTaken(
+                    f"another runtime on the journal database goes by the replica name "
+                    f"{self.replica!r} (--replica): every process needs its own"
+                )
+            await asyncio.sleep(self.retry_every)
+
+    async def keep_name(self) -> bool:
+        """Hold the name's lock, taking it again if its connection was lost (the database
+        restarted); False if another process holds it."""
+        if self._name is not None:
+            try:
+                await self._name.execute("SELECT 1")
+                return True
+            except psycopg.Error:
+                await self._name.close()  # the lock went with its connection
+                self._name = None
+        conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5)
+        cur = await conn.execute(
+            "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (_LOCK_NAMES, self.replica)
+        )
+        row = await cur.fetchone()
+        if row is not None and row[0]:
+            self._name = conn
+            return True
+        await conn.close()
+        return False
+
     async def close(self) -> None:
+        if self._name is not None:
+            await self._name.close()
         if self._writer is not None:
             self._writer.cancel()
             await asyncio.gather(self._writer, return_exceptions=True)

@@ -325,6 +325,7 @@ async def serve(
         log.info("runtime.journal", database=journal_pg.redacted(config.journal),
                  replica=config.replica)  # fmt: skip
         await db.connect()
+        await db.hold_name(wait=2 * config.lease_seconds)
         runs_journal, task_file = PgJournal(db), PgJournal(db, journal_pg.TASKS)
         await runs_journal.load()
         await task_file.load()
