@@ -125,6 +125,8 @@ class Fleet:
                 self._up("leases")
             except UNREACHABLE as exc:
                 self._unreachable("leases", exc)
+            except Exception:  # a bug must not stop the renewals: the runs would move
+                log.exception("fleet.lease_tick_failed")
             await asyncio.sleep(every)
 
     async def _lease_tick(self) -> None:
@@ -188,6 +190,9 @@ class Fleet:
                             pass
             except UNREACHABLE as exc:
                 self._unreachable("follow", exc)
+                await asyncio.sleep(self.db.retry_every)
+            except Exception:  # a bug must not leave the views behind for good
+                log.exception("fleet.follow_failed")
                 await asyncio.sleep(self.db.retry_every)
 
     async def sync(self) -> None:
