@@ -233,19 +233,33 @@ class JournalFile:
         return moved
 
     def _rewrite(self, handles: set[str]) -> _Rewrite | None:
-        """The archive file and the new journal for what the journal holds now, both synced."""
-        records, _, end = read_records_to(self.path)
-        live, gone = retention.split(records, handles, self._key)
-        if not gone:
-            return None
+        """The archive file and the new journal for what the journal holds now, both synced;
+        a line at a time, so a long history is never in memory at once."""
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S%fZ")
         archive = self.path.parent / ARCHIVE_DIR / f"{self.path.stem}-{stamp}.jsonl"
         archive.parent.mkdir(parents=True, exist_ok=True)
-        _write_synced(archive, gone)
-        _fsync_dir(archive.parent)
         fresh = self.path.with_name(self.path.name + ".new")
-        _write_synced(fresh, live)
-        return _Rewrite(archive=archive, fresh=fresh, read_to=end, moved=len(gone), live=len(live))
+        decoder = journal.JournalDecoder()
+        read = moved = kept = 0
+        with self.path.open("rb") as src, archive.open("wb") as gone_to, fresh.open("wb") as to:
+            while chunk := src.read(_READ_CHUNK):
+                read += len(chunk)
+                live, gone = retention.split(decoder.feed(chunk), handles, self._key)
+                to.writelines(map(journal.encode, live))
+                gone_to.writelines(map(journal.encode, gone))
+                moved, kept = moved + len(gone), kept + len(live)
+            for f in (gone_to, to):
+                f.flush()
+                os.fsync(f.fileno())
+        if not moved:
+            archive.unlink()
+            fresh.unlink()
+            return None
+        _fsync_dir(archive.parent)
+        decoder.flush()  # a line still being written is not read: `_swap` copies it
+        return _Rewrite(
+            archive=archive, fresh=fresh, read_to=read - decoder.torn, moved=moved, live=kept
+        )
 
     def _swap(self, pass_: _Rewrite, handles: set[str]) -> int:
         """Copy the records appended since `_rewrite` read the journal (no append is under way:
@@ -280,23 +294,15 @@ class _Rewrite:
     live: int
 
 
-def read_records_to(path: Path) -> tuple[list[dict[str, Any]], journal.JournalDecoder, int]:
-    """`read_records`, and the offset just past the last whole line read."""
+def read_records(path: Path) -> tuple[list[dict[str, Any]], journal.JournalDecoder]:
+    """A journal file's committed records and the decoder that read them (torn, skipped)."""
     decoder = journal.JournalDecoder()
     records: list[dict[str, Any]] = []
-    read = 0
     if path.exists():
         with path.open("rb") as f:
             while chunk := f.read(_READ_CHUNK):
-                read += len(chunk)
                 records += decoder.feed(chunk)
         records += decoder.flush()
-    return records, decoder, read - decoder.torn
-
-
-def read_records(path: Path) -> tuple[list[dict[str, Any]], journal.JournalDecoder]:
-    """A journal file's committed records and the decoder that read them (torn, skipped)."""
-    records, decoder, _ = read_records_to(path)
     return records, decoder
 
 
