@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,11 @@ from luftpause.common.auth import Identity
 from luftpause.runtime import forks, retention
 from luftpause.runtime import journal as j
 from luftpause.runtime import machine as m
-from luftpause.runtime.llm import Llm
 from luftpause.runtime.runs import Runtime, new_handle
 from luftpause.runtime.store import JournalFile
 from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
-from luftpause.runtime.upstream import Upstreams
 from luftpause.testkit.engine.server import RunningServer
-from tests.runtime.loopback import MODEL, FakeMcp
+from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 
 DAY = 86400.0
 
@@ -126,22 +123,11 @@ async def test_appends_go_on_during_a_pass_and_are_kept(
     again.close()
 
 
-@asynccontextmanager
-async def clocked_runtime(
+def clocked_runtime(
     state_dir: Path, model: RunningServer, tools: FakeMcp, clock: list[float]
-) -> AsyncIterator[Runtime]:
+) -> AbstractAsyncContextManager[Runtime]:
     """A real `Runtime` (journal, model, tools) whose clock the test moves."""
-    upstreams = Upstreams([tools.url], connect_timeout=5.0)
-    upstreams.start()
-    llm = Llm(model.url, timeout=10.0)
-    runtime = Runtime(JournalFile(state_dir), llm, upstreams, clock=lambda: clock[0])
-    runtime.resume()
-    try:
-        yield runtime
-    finally:
-        await runtime.stop()
-        await upstreams.close()
-        await llm.close()
+    return runtime_on(state_dir, model.url, [tools.url], clock=lambda: clock[0])
 
 
 def spec_of(tool: str, parent: str | None = None) -> m.RunSpec:

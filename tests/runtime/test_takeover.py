@@ -14,12 +14,10 @@ from typing import Any
 
 from luftpause.runtime import journal
 from luftpause.runtime import machine as m
-from luftpause.runtime.llm import Llm
 from luftpause.runtime.runs import Runtime, new_handle
 from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams
 from luftpause.testkit.engine.server import RunningServer
-from tests.runtime.loopback import MODEL, FakeMcp
+from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 from tests.runtime.test_runs import WAIT, finish, records, until
 
 
@@ -43,19 +41,17 @@ class GatedJournal(JournalFile):
 async def gated_runtime(
     state_dir: Path, model: RunningServer, tools: FakeMcp, held: set[str]
 ) -> AsyncIterator[tuple[Runtime, GatedJournal]]:
-    upstreams = Upstreams([tools.url], connect_timeout=5.0)
-    upstreams.start()
-    llm = Llm(model.url, timeout=10.0)
     store = GatedJournal(state_dir, held)
-    runtime = Runtime(store, llm, upstreams)
-    runtime.resume()
-    try:
+    async with runtime_on(state_dir, model.url, [tools.url], journal=store) as runtime:
         yield runtime, store
-    finally:
-        store.gate.set()
-        await runtime.stop()
-        await upstreams.close()
-        await llm.close()
+
+
+async def spawned_and_held(runtime: Runtime, store: GatedJournal) -> tuple[str, m.RunState]:
+    """A run spawned here and waiting at its held record; its state as journaled so far."""
+    handle = await runtime.spawn(spec())
+    async with asyncio.timeout(WAIT):
+        await store.waiting.wait()
+    return handle, journal.replay(records(store.path.parent)).runs[handle]
 
 
 def spec() -> m.RunSpec:
@@ -70,11 +66,7 @@ async def test_a_run_whose_finished_record_is_on_its_way_is_not_taken_again(
     tmp_path: Path, model: RunningServer, tools: FakeMcp
 ) -> None:
     async with gated_runtime(tmp_path, model, tools, {"finished"}) as (runtime, store):
-        s = spec()
-        handle = await runtime.spawn(s)
-        async with asyncio.timeout(WAIT):
-            await store.waiting.wait()  # over here, its lease not yet dropped
-        journaled = journal.replay(records(tmp_path)).runs[handle]
+        handle, journaled = await spawned_and_held(runtime, store)  # over, lease still held
         assert runtime.take({handle: journaled}) == []
         store.gate.set()
         await finish(runtime, handle)
@@ -119,11 +111,7 @@ async def test_a_run_whose_lease_was_lost_stops_here_without_journaling(
     tmp_path: Path, model: RunningServer, tools: FakeMcp
 ) -> None:
     async with gated_runtime(tmp_path, model, tools, {"finished"}) as (runtime, store):
-        s = spec()
-        handle = await runtime.spawn(s)
-        async with asyncio.timeout(WAIT):
-            await store.waiting.wait()
-        elsewhere = journal.replay(records(tmp_path)).runs[handle]
+        handle, elsewhere = await spawned_and_held(runtime, store)
         await runtime.lost({handle: elsewhere})
         await until(lambda: runtime.runs[handle].task is None or runtime.runs[handle].task.done())
         assert not runtime.runs[handle].here
