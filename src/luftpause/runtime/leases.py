@@ -18,7 +18,6 @@ journaled point under `resend`'s rules.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import psycopg
 from psycopg.rows import tuple_row
@@ -82,20 +81,9 @@ class Leases:
             )
             return sorted(row[0] for row in await cur.fetchall())
 
-    async def owners(self) -> dict[str, str]:
-        """Every unfinished run's owner, for /status."""
-        async with self.db.pool.connection() as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            await cur.execute("SELECT run, owner FROM luftpause_leases")
-            return {run: owner for run, owner in await cur.fetchall()}
-
 
 UNREACHABLE: tuple[type[BaseException], ...] = (
     psycopg.OperationalError,
     PoolTimeout,
     OSError,
 )
-
-
-def describe(exc: BaseException) -> dict[str, Any]:
-    return {"error": type(exc).__name__, "message": str(exc)}
