@@ -13,9 +13,10 @@ by side in one run, their order rotated per repeat (`common.rotated`):
 - throughput: real processes (engine simulator at time scale 50, one tool round per run,
   dataplane, scheduler, fake-mcp with a 50 ms `set_status`): arms `file-1` (one runtime, its
   file journal), `pg-1` (one runtime on PostgreSQL) and `pg-3` (three, the spawns spread over
-  them); `--runs` runs spawned at once, then awaited; runs per second from the first spawn to
-  the last run over, and the mean seconds per journaled record under that load, from the
-  runtimes' own `luftpause_runtime_journal_append_seconds` histograms.
+  them); `--runs` runs spawned at once, then awaited (280 s at most); runs finished per second
+  from the first spawn to the await's return, the runs not over by then (`unfinished`, per
+  repeat), and the mean seconds per journaled record under that load, from the runtimes' own
+  `luftpause_runtime_journal_append_seconds` histograms.
 - fail-over: the three replicas, 30 runs (2 s tool calls, `set_status`: idempotent, so sent
   again after the take-over) spread over them, one replica SIGKILLed while its runs' calls are
   out; for each run it had not finished, the seconds from the kill to the first record a
@@ -213,6 +214,7 @@ async def throughput_part(bed: Bed, runs: int, repeat: int) -> dict[str, Any]:
     rates: dict[str, list[float]] = {a: [] for a in arms}
     append_ms: dict[str, list[float]] = {a: [] for a in arms}
     records: dict[str, list[float]] = {a: [] for a in arms}
+    unfinished: dict[str, list[int]] = {a: [] for a in arms}
     for i in range(repeat):
         for arm in rotated(list(arms), i):
             seconds0, count0 = await _append_totals(urls[arm])
@@ -220,12 +222,13 @@ async def throughput_part(bed: Bed, runs: int, repeat: int) -> dict[str, Any]:
             handles = await _spawn_many(urls[arm], runs, "set_status")
             over = await _await(urls[arm][-1], handles)
             took = time.perf_counter() - started
-            assert all(s["state"] == "finished" for s in over), over
+            done = sum(s["state"] == "finished" for s in over)
+            unfinished[arm].append(runs - done)  # not over when the await gave up
             seconds1, count1 = await _append_totals(urls[arm])
-            rates[arm].append(runs / took)
+            rates[arm].append(done / took)
             append_ms[arm].append(1000 * (seconds1 - seconds0) / (count1 - count0))
             records[arm].append((count1 - count0) / runs)
-            print(f"throughput {arm}: {runs / took:.1f} runs/s, "
+            print(f"throughput {arm}: {done / took:.1f} runs/s, {runs - done} unfinished, "
                   f"{append_ms[arm][-1]:.2f} ms a record", flush=True)  # fmt: skip
     return {
         arm: {
@@ -235,6 +238,7 @@ async def throughput_part(bed: Bed, runs: int, repeat: int) -> dict[str, Any]:
             "appendMeanMs": round(statistics.median(append_ms[arm]), 2),
             "appendMeanMsRange": [round(min(append_ms[arm]), 2), round(max(append_ms[arm]), 2)],
             "recordsPerRun": round(statistics.median(records[arm]), 1),
+            "unfinished": unfinished[arm],
         }
         for arm, r in rates.items()
     }
