@@ -195,6 +195,11 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-family-"))
     models: list[dict[str, Any]] = []
     chosen = chosen_models(a)
+    if a.resume:  # keep the models the result file has, run the rest
+        path = RESULTS / f"{a.out}.json"
+        models = json.loads(path.read_text())["models"] if path.exists() else []
+        done = {(m["name"], m["style"]) for m in models}
+        chosen = [(m, st) for m, st in chosen if (m.name, st) not in done]
     labbed: Iterator[dict[str, Any]] = iter(())
     if a.lab:  # virtual time: deterministic, so models may run side by side
         pool = ProcessPoolExecutor(a.jobs, max_tasks_per_child=1)
@@ -255,6 +260,7 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=300.0, help="simulated seconds per arm")
     p.add_argument("--seed", type=int, default=1, help="the workload's seed")
     p.add_argument("--lab", action="store_true", help="virtual time (bench.pool_lab), no sockets")
+    p.add_argument("--resume", action="store_true", help="keep the models --out already has")
     p.add_argument("--jobs", type=int, default=2, help="models side by side (--lab only)")
     p.add_argument("--out", default="family")
     a = p.parse_args()

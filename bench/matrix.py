@@ -103,47 +103,36 @@ def all_cells(which: str) -> list[Cell]:
     return {"sim": sim, "real": real, "all": [*sim, *real]}[which]
 
 
+def _real_args(cell: Cell, a: argparse.Namespace, **pool: Any) -> argparse.Namespace:
+    """A real pool's cell: real time, plain few-shot tool rounds, no engine priority."""
+    return argparse.Namespace(
+        pool=cell.engine,
+        window_s=a.real_window_s,
+        time_scale=1.0,
+        shared_prefix_chars=0,
+        tool_calls=2,
+        tool_seconds=2.0,
+        max_tokens=40,
+        engine_priority=False,
+        keep_tools=cell.tools == "openai",
+        tool_style=cell.tools,
+        seed=a.seed,
+        **pool,
+    )
+
+
 def cell_args(cell: Cell, a: argparse.Namespace) -> argparse.Namespace:
     """bench.flood's arguments for one cell."""
     if cell.engine == "vllm":
         # The issue's own measurement: 24 batch and 4 interactive agents, ~1,000-token contexts.
-        return argparse.Namespace(
-            pool="vllm",
-            window_s=a.real_window_s,
-            time_scale=1.0,
-            interactive=4,
-            batch=24,
-            context_chars=4000,
-            shared_prefix_chars=0,
-            tool_calls=2,
-            tool_seconds=2.0,
-            max_tokens=40,
-            engine_priority=False,
-            keep_tools=cell.tools == "openai",
-            tool_style=cell.tools,
-            seed=a.seed,
-            kv_tokens=VLLM_KV_TOKENS,
+        return _real_args(
+            cell, a, interactive=4, batch=24, context_chars=4000, kv_tokens=VLLM_KV_TOKENS
         )
     if cell.engine == "real":
-        return argparse.Namespace(
-            pool="real",
-            window_s=a.real_window_s,
-            time_scale=1.0,
-            interactive=2,
-            batch=6,
-            context_chars=3000,
-            shared_prefix_chars=0,
-            tool_calls=2,
-            tool_seconds=2.0,
-            max_tokens=40,
-            engine_priority=False,
-            keep_tools=cell.tools == "openai",
-            tool_style=cell.tools,
-            seed=a.seed,
-            real_parallel=2,
-            # llama.cpp picks the slots: naming them cost cached prompt tokens with plain-
-            # message agents (bench/results/matrix_slots.json) and gained nothing with tool calls.
-            real_slots=False,
+        # llama.cpp picks the slots (real_slots off): naming them cost cached prompt tokens with
+        # plain-message agents (bench/results/matrix_slots.json), gained nothing with tool calls.
+        return _real_args(
+            cell, a, interactive=2, batch=6, context_chars=3000, real_parallel=2, real_slots=False
         )
     kv = KV_TOKENS.get((cell.engine, cell.kv)) or KV_TOKENS["thrash"]
     shared = SHARED_CHARS if cell.context == "shared" else 0

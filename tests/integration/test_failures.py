@@ -271,14 +271,20 @@ async def test_an_engine_503_reaches_the_client_unchanged_with_its_retry_after(
 async def test_a_hosted_429_is_waited_out_and_the_openai_client_gets_the_reply(
     stack: Stack,
 ) -> None:
-    """The hosted engine takes one request per window (3 s): the second turn is refused with
-    its Retry-After, waited out by the dataplane and sent again; the client sees a reply."""
+    """The hosted engine takes one request per window (3 s): of two turns sent together (so
+    both land in one window however slow the machine), one is refused with its Retry-After,
+    waited out by the dataplane and sent again; both clients see a reply."""
     finished = await stack.dataplane_turns("finished")
     waited = await stack.dataplane_metric("luftpause_dataplane_rate_limited_total")
-    async with asyncio.timeout(30), stack.client(**{RUN: "rate-limited"}) as c:
-        for _ in range(2):
+
+    async def turn(run: str) -> str | None:
+        async with stack.client(**{RUN: run}) as c:
             reply = await c.chat.completions.create(model=HOSTED, messages=HELLO, max_tokens=4)
-            assert reply.choices[0].message.content
+            return reply.choices[0].message.content
+
+    async with asyncio.timeout(30):
+        replies = await asyncio.gather(turn("rate-limited-a"), turn("rate-limited-b"))
+    assert all(replies)
     await stack.settled()
     assert await stack.dataplane_turns("finished") == finished + 2
     assert await stack.dataplane_metric("luftpause_dataplane_rate_limited_total") > waited

@@ -31,7 +31,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SCENARIO = Scenario(name="test", tool_rounds=3, reply_tokens=48, tool_seconds=0.4)
 TOKENS_WITHIN = 0.25
-SECONDS_WITHIN = 0.50
+# Seconds are wall-clock on a shared 2-core machine: a busy neighbour stretches one run and not
+# the one the forecast learned from. Within 1.0 still catches a forecast off by its units or
+# counting the wrong turns; how near it comes on a quiet machine is bench/results/forecast.json.
+SECONDS_WITHIN = 1.0
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

@@ -86,6 +86,29 @@ def test_an_idle_run_moves_once_it_waited_longer_than_a_reread_would_take() -> N
     assert state.runs["r1"].replica == "b"
 
 
+def test_an_idle_run_stays_queued_at_its_replica_while_every_other_replica_is_full() -> None:
+    """Past its wait bound a move would start the turn no sooner: it waits for a replica with
+    room, and moves only once one has some."""
+    state = learn_runs_come_back(cap(cap(kv_pool("a", "b"), "a", 1), "b", 1))
+    state, _ = admit(state, "t1", "r1", at=10)
+    state = finish(state, "t1", at=11)
+    home = state.runs["r1"].replica
+    other = "b" if home == "a" else "a"
+    state, _ = admit(state, "t2", "fills-home", at=11.1)
+    state, _ = admit(state, "t3", "fills-other", at=11.1)
+    assert {t.replica for t in state.turns.values()} == {"a", "b"}
+    state, actions = admit(state, "t4", "r1", at=11.2)
+    wait = holds.soft_wait_s(state, state.runs["r1"])
+    state, actions = decide(state, Tick(at=11.2 + wait + 5.0))
+    assert not placed(actions) and state.runs["r1"].resident
+    busy_there = next(t.id for t in state.turns.values() if t.replica == other)
+    state, actions = decide(
+        state, TurnFinished(at=11.2 + wait + 5.5, turn_id=busy_there, tool_calls=False)
+    )
+    state, actions = decide(state, Tick(at=11.2 + wait + 6.0))
+    assert placed(actions) == {"t4": other}
+
+
 def test_the_wait_bound_follows_the_learned_cost_of_reading_a_context() -> None:
     state = kv_pool("a")
     for i, uncached in enumerate((100, 1100, 2100, 3100)):

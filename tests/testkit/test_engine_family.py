@@ -331,3 +331,21 @@ def test_each_engine_kind_exports_its_own_metric_names(names: str, pool: int | N
     assert {f for f in families if not f.startswith("#")} == expected
     load = parse_load(text)
     assert load is not None and load.running == 1 and load.kv_total == pool
+
+
+def test_fifo_skips_referenced_entries_and_its_order_stays_bounded() -> None:
+    """An entry still referenced is passed over, the next oldest goes; a key referenced and
+    released many times does not grow the eviction order without bound."""
+    from luftpause.testkit.engine.kvcache import PrefixCache
+
+    cache = PrefixCache(4, eviction="fifo")
+    for key in (1, 2, 3):
+        cache.allocate((), 1)
+        cache.publish((key,))
+    cache.release((2, 3), 0)  # 1 stays referenced
+    for _ in range(1000):
+        cache.allocate((3,), 0)
+        cache.release((3,), 0)
+    assert len(cache._heap) <= 2 * 3 + 64
+    cache.allocate((), 2)  # one free block, then one eviction: 2, the oldest unreferenced
+    assert (cache.refcount(1), cache.refcount(2), cache.refcount(3)) == (1, -1, 0)

@@ -8,9 +8,14 @@ elsewhere at once, because running it elsewhere costs more than a short wait:
   cost the engine (learned per replica, `learned.PrefillFit`, times the sequences such a read
   stalls there: a prompt read on a batching engine holds up every sequence decoding beside it;
   SOFT_WAIT_DEFAULT_S until known, never less than SOFT_WAIT_MIN_S), the wait has cost more
-  than the move would: it gives up its residency and goes to any replica with room, as a new
-  run. Counting the read alone let runs move out of a saturated pool's queues at a fraction of
-  that cost (measured: a fifth of batch throughput on engines capped at 8 running);
+  than the move would, and it gives up its residency and goes to any replica with room, as a
+  new run: but only once another replica has room for it now with none of its own runs' turns
+  waiting for it. In a pool where every replica is full a move starts the turn no sooner; it
+  only takes a place in another queue and reads the context again there. Counting the read
+  alone let runs move out of a saturated pool's queues at a fraction of that cost (measured: a
+  fifth of batch throughput on engines capped at 8 running), and moving between full replicas
+  cost a sixth of the turns of a pool of two 4-slot engines with plain-message agents (bench
+  lab, llamacpp-26-20);
 - the KV rule: a new run waits while the replicas' resident runs leave no room for it in their
   KV pools. After NEW_RUN_MAX_HOLD_S it goes to any replica with room (overdue), so a pool
   whose runs never end cannot starve new ones.
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 from luftpause.scheduler.core import queues, residency
 from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, Bucket, HeldTurn, Run, evolve
+from luftpause.scheduler.core.placement import has_room
 from luftpause.scheduler.core.state import Draft, View
 
 SOFT_WAIT_FACTOR = 2.0
@@ -56,7 +62,20 @@ def _soft_wait(d: Draft, held: HeldTurn, at: float) -> list[Bucket]:
     run = d.runs.get(held.run_id)
     if run is None or run.pinned or not run.resident:
         return []
-    if at - held.arrived_at < soft_wait_s(d, run):
+    if at - held.arrived_at < soft_wait_s(d, run) or not room_elsewhere(d, held, run.replica):
         return []
     residency.leave(d, run)  # its replica gains room for new runs: see `Draft.opened`
     return queues.rebucket_run(d, run.id)
+
+
+def room_elsewhere(view: View, held: HeldTurn, home: str) -> bool:
+    """Whether a replica other than `home` has room for `held` now, with no turn of a run of
+    its own waiting for it."""
+    cls = held.service_class
+    for rid in view.generative_by_model.get(held.model, ()):
+        replica = view.replicas[rid]
+        if rid == home or not replica.healthy or not has_room(replica, cls):
+            continue
+        if not view.heads.get((("r", rid, held.model), cls)):
+            return True
+    return False

@@ -45,8 +45,10 @@ class PrefixCache:
         self._fifo = eviction == "fifo"
         self._refs: dict[int, int] = {}
         self._size: dict[int, int] = {}
-        # lru: the unreferenced keys, least recently released first. fifo: (seq, key) of every
-        # key cached under its insertion order, a min-heap whose stale entries are skipped.
+        # lru: the unreferenced keys, least recently released first. fifo: (seq, key) of the
+        # unreferenced keys by the order they were cached in, a min-heap (a key is pushed each
+        # time it becomes unreferenced; entries of keys referenced or evicted since are
+        # skipped when they come up, so an eviction never walks past the referenced ones).
         self._lru: OrderedDict[int, None] = OrderedDict()
         self._seq: dict[int, int] = {}
         self._heap: list[tuple[int, int]] = []
@@ -113,7 +115,6 @@ class PrefixCache:
                 self.cached += size
                 if self._fifo:
                     self._seq[key] = self._next
-                    heapq.heappush(self._heap, (self._next, key))
                     self._next += 1
 
     def release(self, keys: Sequence[int], n_private: int) -> None:
@@ -123,8 +124,12 @@ class PrefixCache:
             self._refs[key] = refs
             if refs == 0:
                 self.evictable += self._size[key]
-                if not self._fifo:
+                if self._fifo:
+                    heapq.heappush(self._heap, (self._seq[key], key))
+                else:
                     self._lru[key] = None
+        if self._fifo and len(self._heap) > 2 * len(self._refs) + 64:
+            self._compact()
         self.private -= n_private
         self.free += n_private
 
@@ -133,26 +138,25 @@ class PrefixCache:
         for key in [k for k, refs in self._refs.items() if refs == 0]:
             self._drop(key)
         self._lru.clear()
+        self._heap.clear()
 
     def _evict_one(self) -> None:
         if not self._fifo:
             key, _ = self._lru.popitem(last=False)
             self._drop(key)
             return
-        stashed: list[tuple[int, int]] = []  # older entries still referenced keep their place
-        try:
-            while self._heap:
-                seq, key = heapq.heappop(self._heap)
-                if self._seq.get(key) != seq:
-                    continue  # evicted since, or cached again under a newer seq
-                if self._refs[key] == 0:
-                    self._drop(key)
-                    return
-                stashed.append((seq, key))
-            raise ValueError("nothing evictable")
-        finally:
-            for item in stashed:
-                heapq.heappush(self._heap, item)
+        while self._heap:
+            seq, key = heapq.heappop(self._heap)
+            if self._seq.get(key) == seq and self._refs[key] == 0:
+                self._drop(key)
+                return
+        raise ValueError("nothing evictable")
+
+    def _compact(self) -> None:
+        """The fifo heap again from the unreferenced keys alone (it collects an entry per
+        release of a key referenced again since)."""
+        self._heap = [(self._seq[k], k) for k, refs in self._refs.items() if refs == 0]
+        heapq.heapify(self._heap)
 
     def _drop(self, key: int) -> None:
         size = self._size.pop(key)
