@@ -12,10 +12,10 @@ CHROMIUM := /usr/bin/chromium
 # harnesses/package.json and its lockfile pin.
 HARNESSES := harnesses/node_modules/.installed
 
-.PHONY: install browser docker-tools up test lint typecheck pytest proto soak bench bench-real \
+.PHONY: install browser postgres docker-tools up test lint typecheck pytest proto soak bench bench-real \
 	bench-matrix bench-ratelimit calibrate vllm wheel images release clean
 
-install: $(STAMP) browser $(HARNESSES)
+install: $(STAMP) browser postgres $(HARNESSES)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,16 @@ browser:
 	  fi; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	    apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+# The runtime's PostgreSQL journal tests start Debian's server themselves (initdb and pg_ctl on a
+# temporary directory, `luftpause.testkit.postgres`); a no-op once it is there.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" != 0 ]; then \
+	    echo "PostgreSQL is missing; as root run: apt-get install postgresql" >&2; exit 1; \
+	  fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	    apt-get install -y -qq --no-install-recommends postgresql >/dev/null; }
 
 # npm installs the pinned harnesses into harnesses/node_modules (no download at run time: each
 # package carries its binary); Node and npm come from Debian when missing. A no-op once done.

@@ -33,8 +33,11 @@ from luftpause.common import envargs
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-OVERLAYS = ("dev", "production")
-NAMESPACES = {"dev": "luftpause-dev", "production": "luftpause"}
+OVERLAYS = ("dev", "production", "production-postgres")
+NAMESPACES = {"dev": "luftpause-dev", "production": "luftpause", "production-postgres": "luftpause"}
+# The overlays whose runtime keeps its journal in a file on a volume (a StatefulSet of one); the
+# others keep it in PostgreSQL (a Deployment of replicas, components/postgres-journal).
+FILE_JOURNAL = ("dev", "production")
 # The oldest Kubernetes we claim (gRPC probes are GA since 1.27) and the newest the tool knows.
 K8S_VERSIONS = ("1.30.0", "1.37.0")
 IMAGE_UID = 10001

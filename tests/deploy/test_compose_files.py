@@ -29,9 +29,13 @@ from tests.deploy.containers import DOCKERFILES, ROOT, VERSION
 DEPLOY = ROOT / "deploy"
 BASE = DEPLOY / "compose.yaml"
 OVERLAYS = ("compose.llamacpp.yaml", "compose.hosted.yaml", "compose.ollama.yaml",
-            "compose.otel.yaml", "compose.gpu.yaml")  # fmt: skip
+            "compose.otel.yaml", "compose.gpu.yaml", "compose.postgres.yaml")  # fmt: skip
 # What the hosted overlay needs from the environment.
-HOSTED_ENV = {"HOSTED_URL": "https://api.example.com", "HOSTED_MODEL": "some-model"}
+HOSTED_ENV = {
+    "HOSTED_URL": "https://api.example.com",
+    "HOSTED_MODEL": "some-model",
+    "LUFTPAUSE_PG_PASSWORD": "not-a-secret",
+}
 IMAGE = re.compile(r"^luftpause/(?P<name>[a-z-]+):\$\{LUFTPAUSE_VERSION:-(?P<version>[^}]+)\}$")
 PUBLISHED = re.compile(r"^\$\{LUFTPAUSE_PUBLISH_ADDR:-127\.0\.0\.1\}:\$\{[A-Z_]+:-\d+\}:(\d+)$")
 

@@ -82,6 +82,9 @@ CONFIG_OF = {
 }
 
 
+STAND_INS = {"LUFTPAUSE_JOURNAL": "postgresql://stand-in@database/luftpause"}
+
+
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_each_service_reads_its_containers_environment_as_the_manifest_means(
     overlay: str,
@@ -89,8 +92,11 @@ def test_each_service_reads_its_containers_environment_as_the_manifest_means(
     for _, container in m.containers(m.render(overlay)):
         service = m.service_of(container)
         module, attributes = CONFIG_OF[service]
-        # Variables from Secrets and the downward API get a stand-in value.
-        environ = {v["name"]: v.get("value", f"<{v['name']}>") for v in container.get("env", [])}
+        # Variables from Secrets and the downward API get a stand-in value (of the right form).
+        environ = {
+            v["name"]: v.get("value", STAND_INS.get(v["name"], f"<{v['name']}>"))
+            for v in container.get("env", [])
+        }
         config = importlib.import_module(module).parse_args([], environ)
         for attribute, option in attributes.items():
             assert str(getattr(config, attribute)) == m.setting(container, option), (
@@ -249,7 +255,7 @@ def test_every_engine_key_variable_reaches_the_services_that_send_it(
             assert endpoint.api_key_env in names or from_secrets, endpoint.id
 
 
-@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("overlay", m.FILE_JOURNAL)
 def test_journal_lives_on_the_runtimes_claimed_volume(overlay: str) -> None:
     docs = m.render(overlay)
     runtime = m.one(docs, "StatefulSet", "runtime")

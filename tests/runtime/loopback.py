@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import uvicorn
 
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.runs import Runtime
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.store import JournalFile, Store
 from luftpause.runtime.upstream import Upstreams
 from luftpause.testkit.engine.params import EngineParams, SimParams
 from luftpause.testkit.engine.server import RunningServer, serve
@@ -100,14 +101,17 @@ async def runtime_on(
     *,
     resume: bool = True,
     connect_timeout: float = 5.0,
+    journal: Store | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Runtime]:
-    """A `Runtime` with a real journal, model client and upstream sessions, its journal
-    replayed unless `resume` is false; stopped on exit (without journaling, as a process stop
-    does)."""
+    """A `Runtime` with a real journal (the file under `state_dir` unless `journal` is given),
+    model client and upstream sessions, its journal replayed unless `resume` is false; stopped
+    on exit (without journaling, as a process stop does)."""
     upstreams = Upstreams(tool_urls, connect_timeout=connect_timeout)
     upstreams.start()
     llm = Llm(model_url, timeout=10.0)
-    runtime = Runtime(JournalFile(state_dir), llm, upstreams)
+    store = JournalFile(state_dir) if journal is None else journal
+    runtime = Runtime(store, llm, upstreams, clock=clock)
     if resume:
         runtime.resume()
     try:

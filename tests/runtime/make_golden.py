@@ -16,7 +16,11 @@ GOLDEN = Path(__file__).with_name("golden")
 def expected(path: Path) -> dict[str, object]:
     decoder = journal.JournalDecoder()
     records = decoder.feed(path.read_bytes()) + decoder.flush()
-    replayed = journal.replay(records)
+    return canonical_state(journal.replay(records))
+
+
+def canonical_state(replayed: journal.Replayed) -> dict[str, object]:
+    """What a golden journal's `.state.json` holds of its replay."""
     return {
         "ignored": replayed.ignored,
         "runs": {h: json.loads(machine.canonical(s)) for h, s in replayed.runs.items()},

@@ -33,6 +33,9 @@ class Recording:
         self.runs[spec.handle] = object()
         return spec.handle
 
+    async def known(self, handles: list[str]) -> None:
+        """One process's journal: nothing to catch up with."""
+
     async def await_runs(
         self,
         handles: list[str],

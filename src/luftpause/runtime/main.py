@@ -12,7 +12,10 @@ Shell module. Serves on one port:
     GET/POST /away         the away switches of the attention budget (`questions`)
 
 The state dir holds `runs.jsonl` (the runs), `tasks.jsonl` (MCP Tasks) and `attention.jsonl`
-(the attention budget's asks and the away switches).
+(the attention budget's asks and the away switches). With `--journal postgresql://...` the runs
+and the tasks are the database's instead (`journal_pg`), shared by every replica on it
+(`fleet`, `leases`); attention stays in the state dir, per replica. Finished runs older than
+`--retain-finished` leave the live journal (`retention`), checked every `--retain-every`.
 
 `/status` answers CORS for the origins of `--cors-origin` (`cors`), so the scheduler's status
 page can show the run tree.
@@ -28,6 +31,7 @@ import contextlib
 import os
 import socket
 import sys
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,24 +45,29 @@ from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV, Identity, token_fr
 from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.runtime import failpoints, outlook, questions, spans, wall
+from luftpause.runtime import failpoints, journal_pg, outlook, questions, retention, spans, wall
 from luftpause.runtime.arguments import spawn_args
 from luftpause.runtime.attention import DEFAULT_PER_HOUR
 from luftpause.runtime.auth import BearerAuth
 from luftpause.runtime.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
 from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
+from luftpause.runtime.fleet import Fleet
+from luftpause.runtime.journal_pg import Database, PgJournal
 from luftpause.runtime.llm import TURN_TIMEOUT, Llm
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.money import PricesError, PriceTable, load_prices
-from luftpause.runtime.readiness import DataplaneReadiness
+from luftpause.runtime.readiness import DataplaneReadiness, Verdict
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server, spawn_owned, spec_from
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.store import JournalFile, Store
 from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
 from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams
 
 _SHUTDOWN_GRACE_SECONDS = 2
 STOP_GRACE = 5.0  # seconds tool calls in flight get to return when the runtime stops
+LEASE_SECONDS = 15.0
+RETAIN_FINISHED = 7 * 24 * 3600.0
+RETAIN_EVERY = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +94,11 @@ class RuntimeConfig:
     turn_timeout: float = TURN_TIMEOUT
     tool_timeout: float = TOOL_TIMEOUT
     stop_grace: float = STOP_GRACE
+    journal: str | None = None  # a postgresql:// URL; None: the file journal in state_dir
+    replica: str = ""
+    lease_seconds: float = LEASE_SECONDS
+    retain_finished: float = RETAIN_FINISHED
+    retain_every: float = RETAIN_EVERY
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -97,6 +111,14 @@ class RuntimeConfig:
             raise ValueError("approvals per hour and keep rounds must be >= 0, summary tokens >= 1")
         if self.scheduler_url is not None:
             outlook.check_url(self.scheduler_url)
+        if self.journal is not None and not journal_pg.is_url(self.journal):
+            raise ValueError(
+                "--journal takes a postgresql:// URL (the file journal is the default)"
+            )
+        if self.lease_seconds <= 0 or self.retain_every <= 0:
+            raise ValueError("--lease-seconds and --retain-every must be above 0 seconds")
+        if self.retain_finished < 0:
+            raise ValueError("--retain-finished must be at least 0 seconds (0 keeps every run)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +185,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long tool calls already sent may take to return and be journaled "
         f"before the runtime stops (nothing new starts meanwhile; default {STOP_GRACE:g})",
     )
+    p.add_argument(
+        "--journal",
+        metavar="URL",
+        help="postgresql://user:password@host:port/db: the runs and tasks in PostgreSQL, shared "
+        "by every replica on it (default: runs.jsonl and tasks.jsonl in --state-dir)",
+    )
+    p.add_argument(
+        "--replica",
+        default="",
+        help="this replica's name in the database's leases (default: host name and a random "
+        "suffix; every process needs its own)",
+    )
+    p.add_argument(
+        "--lease-seconds",
+        type=float,
+        default=LEASE_SECONDS,
+        metavar="SECONDS",
+        help="with --journal: how long a replica's runs wait after it stops renewing before "
+        f"another replica takes them over (default {LEASE_SECONDS:g})",
+    )
+    p.add_argument(
+        "--retain-finished",
+        type=float,
+        default=RETAIN_FINISHED,
+        metavar="SECONDS",
+        help="finished run trees older than this leave the live journal for its archive and "
+        f"are no longer answered for (default {RETAIN_FINISHED:g}, a week; 0 keeps every run)",
+    )
+    p.add_argument(
+        "--retain-every",
+        type=float,
+        default=RETAIN_EVERY,
+        metavar="SECONDS",
+        help=f"how often finished runs are checked for retention (default {RETAIN_EVERY:g})",
+    )
     questions.add_arguments(p)
     wall.add_arguments(p)
     outlook.add_arguments(p)
@@ -195,6 +252,11 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             turn_timeout=ns.turn_timeout,
             tool_timeout=ns.tool_timeout,
             stop_grace=ns.stop_grace,
+            journal=ns.journal or None,
+            replica=ns.replica or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}",
+            lease_seconds=ns.lease_seconds,
+            retain_finished=ns.retain_finished,
+            retain_every=ns.retain_every,
         )
     except ValueError as exc:
         p.error(str(exc))
@@ -247,8 +309,28 @@ async def serve(
         ),
     )
     attention.resume()
+    db: Database | None = None
+    runs_journal: Store = JournalFile(config.state_dir, observe=observe, on_failure=failed)
+    task_file: Store = JournalFile(
+        config.state_dir, TASKS_NAME, observe=observe, on_failure=failed, key=retention.task_of
+    )
+    if config.journal is not None:
+        db = Database(
+            config.journal,
+            config.replica,
+            lease_seconds=config.lease_seconds,
+            observe=observe,
+            on_failure=failed,
+        )
+        log.info("runtime.journal", database=journal_pg.redacted(config.journal),
+                 replica=config.replica)  # fmt: skip
+        await db.connect()
+        await db.hold_name(wait=2 * config.lease_seconds)
+        runs_journal, task_file = PgJournal(db), PgJournal(db, journal_pg.TASKS)
+        await runs_journal.load()
+        await task_file.load()
     runtime = Runtime(
-        JournalFile(config.state_dir, observe=observe, on_failure=failed),
+        runs_journal,
         llm,
         upstreams,
         metrics=metrics,
@@ -263,22 +345,32 @@ async def serve(
             on_compacted=metrics.compacted,
         ),
     )
-    resumed = runtime.resume()
+    resumed = runtime.resume(drive=db is None)
 
     async def spawn(args: dict[str, Any], caller: str, identity: Identity) -> str:
         spec = spec_from(spawn_args(args), caller, config.model)
         return await spawn_owned(runtime, spec, identity, keys)
 
-    task_file = JournalFile(config.state_dir, TASKS_NAME, observe=observe, on_failure=failed)
-    tasks = TasksExtension(runtime, task_file, spawn)
+    tasks = TasksExtension(runtime, task_file, spawn, shared=db is not None)
     await tasks.resume()
+    fleet: Fleet | None = None
+    if db is not None:
+        assert isinstance(runs_journal, PgJournal) and isinstance(task_file, PgJournal)
+        fleet = Fleet(db, runtime, runs_journal, tasks=task_file, observe_task=tasks.observe)
+        fleet.start()
     readiness = DataplaneReadiness(config.dataplane)
+
+    async def ready() -> Verdict:
+        if db is not None and (down := await db.ping()) is not None:
+            return Verdict(ready=False, message=down, at=0.0)
+        return await readiness.check()
+
     server_ = build_server(
         runtime,
         default_model=config.model,
         decide_model=config.decide_model,
         extensions=[tasks],
-        readiness=readiness.check,
+        readiness=ready,
         keys=keys,
     )
     mcp_app = server_.streamable_http_app(streamable_http_path="/mcp", host=config.host)
@@ -296,13 +388,19 @@ async def serve(
     log.info("runtime.starting", url=f"http://{config.host}:{config.port}/mcp", resumed=resumed)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     stopping = asyncio.create_task(stop.wait())
+    retaining = asyncio.create_task(_retain(runtime, tasks, config))
     try:
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+        retaining.cancel()
         server.should_exit = True
         # In-flight await calls are cut by the shutdown; runs are left to resume from the journal.
         await runtime.stop(config.stop_grace)
+        if fleet is not None:
+            await fleet.close()  # after the runs stopped: their leases go to the other replicas
+        if db is not None:
+            await db.close()
         await sight.close()
         tasks.close()
         if attention.journal is not None:
@@ -313,6 +411,19 @@ async def serve(
         await llm.close()
         await readiness.close()
         log.info("runtime.stopped")
+
+
+async def _retain(runtime: Runtime, tasks: TasksExtension, config: RuntimeConfig) -> None:
+    """Retention at start, then every `retain_every` seconds, of runs and then their tasks (a
+    failure is logged and tried next time). In the background: serving does not wait for a
+    first pass over a long history."""
+    while True:
+        try:
+            await tasks.retain(await runtime.retain(config.retain_finished))
+        except Exception as exc:
+            log = structlog.get_logger(service="runtime")
+            log.warning("runtime.retention_failed", error=repr(exc))
+        await asyncio.sleep(config.retain_every)
 
 
 def main(argv: list[str]) -> int:

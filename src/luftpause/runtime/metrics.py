@@ -145,7 +145,8 @@ class RuntimeMetrics:
         self.journal_append = Histogram(
             "luftpause_runtime_journal_append_seconds",
             "Time to append one record to runs.jsonl or tasks.jsonl and fsync it, the wait "
-            "for the file's lock included.",
+            "for the file's lock included; with --journal, to have it committed in the "
+            "database (the group commit it waits for included).",
             buckets=_APPEND_BUCKETS,
             registry=self.registry,
         )

@@ -15,8 +15,6 @@ that round, so cancel one of them to move a run rather than copy it.
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -66,6 +64,7 @@ class Migrations:
             each = forks.instructions_for(n, instructions)
         except ValueError as exc:
             raise RequestError(f"bad arguments: {exc}") from exc
+        await self.runtime.known([handle])
         source = self._run(handle)
         mine = await self._records_of({handle})
         if source.phase is m.Phase.FINISHED:  # as it was before its answer, no round of its own
@@ -91,6 +90,7 @@ class Migrations:
 
     async def export(self, handle: str, identity: Identity, *, subtree: bool = False) -> Bundle:
         """The bundle of `handle` (and, with `subtree`, every run below it), as journaled."""
+        await self.runtime.known([handle])
         source = self._run(handle)
         self._may(source.spec, identity)
         wanted = [handle, *self.runtime.descendants(handle)] if subtree else [handle]
@@ -118,8 +118,7 @@ class Migrations:
 
     async def _records_of(self, handles: set[str]) -> list[dict[str, Any]]:
         """The runs' journaled records, in journal order, batches taken apart."""
-        records = await asyncio.to_thread(_journal_records, self.runtime.journal.path)
-        return [r for r in forks.expand(records) if r.get("run") in handles]
+        return await self.runtime.journal.committed(handles)
 
     def _run(self, handle: str) -> m.RunState:
         run = self.runtime.runs.get(handle)
@@ -139,14 +138,3 @@ class Migrations:
 
     def _may(self, spec: m.RunSpec, identity: Identity) -> None:
         self._owned(spec, spec, identity)
-
-
-def _journal_records(path: Path) -> list[dict[str, Any]]:
-    """Every committed record of the journal file (a line being written is not yet one)."""
-    decoder = journal.JournalDecoder()
-    records: list[dict[str, Any]] = []
-    if path.exists():
-        with path.open("rb") as f:
-            while chunk := f.read(_READ_CHUNK):
-                records += decoder.feed(chunk)
-    return records + decoder.flush()

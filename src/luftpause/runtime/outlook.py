@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -26,7 +26,7 @@ from luftpause.runtime.errors import RequestError
 from luftpause.runtime.forecast import project
 from luftpause.runtime.learned import Ledger
 from luftpause.runtime.money import PriceTable
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.store import Store
 from luftpause.runtime.waits import Window, windows_for
 
 STATUS_TIMEOUT = 1.0
@@ -42,14 +42,14 @@ ContextWindows = Callable[[str], Awaitable[int | None]]
 log = structlog.get_logger(service="runtime")
 
 
-class ObservedJournal(JournalFile):
-    """A journal file whose records the ledger learns from: read back on `open`, and appended
-    (each appended turn's cost then goes to `spent`). Everything else is the inner file's."""
+class ObservedJournal:
+    """A journal whose records the ledger learns from: read back on `open`, appended (each
+    appended turn's cost then goes to `spent`), and written by another replica (`learn`).
+    Everything else is the inner journal's."""
 
-    def __init__(
-        self, inner: JournalFile, ledger: Ledger, spent: Callable[[str, float], None]
-    ) -> None:
-        self.path = inner.path
+    def __init__(self, inner: Store, ledger: Ledger, spent: Callable[[str, float], None]) -> None:
+        self.path = getattr(inner, "path", None)  # the file's, for a file journal
+        self.inner = inner
         self._inner = inner
         self._ledger = ledger
         self._spent = spent
@@ -69,9 +69,19 @@ class ObservedJournal(JournalFile):
         for s in spent:
             self._spent(s.model, s.usd)
 
+    def learn(self, record: dict[str, Any]) -> None:
+        """A record another replica wrote."""
+        self._ledger.feed(record)
+
     @property
     def failing(self) -> str | None:
         return self._inner.failing
+
+    async def committed(self, handles: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        return await self._inner.committed(handles)
+
+    async def archive(self, handles: set[str]) -> int:
+        return await self._inner.archive(handles)
 
     def close(self) -> None:
         self._inner.close()
@@ -138,9 +148,7 @@ class Outlook:
         self.ledger = Ledger() if ledger is None else ledger
         self.scheduler = None if scheduler_url is None else SchedulerStatus(scheduler_url)
 
-    def observed(
-        self, journal_file: JournalFile, spent: Callable[[str, float], None]
-    ) -> JournalFile:
+    def observed(self, journal_file: Store, spent: Callable[[str, float], None]) -> ObservedJournal:
         """`journal_file`, its records learned from (see `ObservedJournal`)."""
         return ObservedJournal(journal_file, self.ledger, spent)
 

@@ -23,11 +23,21 @@ window is preceded by a compaction of the run's history (`wall`), journaled like
 Spawns, ends, tool calls and budget trips are counted in `metrics` where they happen.
 With tracing on, a run's task runs inside its `invoke_agent` span and each tool call inside an
 `execute_tool` span (`spans`); the run's span context is journaled with its spec.
+
+On a shared journal (`journal_pg`, several replicas) a run is driven here (`Run.here`) only
+while this replica holds its lease; every other run is a view, kept by the records the other
+replicas write (`observe`), so status, await and export answer for any run. `take` starts
+driving runs whose lease this replica claimed, from their journaled state; `lost` stops a run
+whose lease another replica took, without journaling. Cancel and approve of a run driven
+elsewhere go to its replica (`remote`, `fleet`); budgets are tripped by the replica that drives
+the run over its limit, which sees its subtree's spend through the views.
+Retention (`retain`) lets go of finished trees past an age: out of the journal and out of memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -40,20 +50,26 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
-from luftpause.runtime import budget, forks, journal, spans
+from luftpause.runtime import budget, forks, journal, retention, spans
 from luftpause.runtime import machine as m
 from luftpause.runtime.errors import JournalUnwritable, RequestError
+from luftpause.runtime.journal_pg import LeaseLost
 from luftpause.runtime.llm import Llm
 from luftpause.runtime.metrics import RuntimeMetrics
 from luftpause.runtime.outlook import Outlook
 from luftpause.runtime.questions import Questions
 from luftpause.runtime.rounds import Rounds
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.store import Store
 from luftpause.runtime.toolcalls import ToolCaller
 from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
 from luftpause.runtime.wall import ContextWall
 
+_SEEN_OVER = 10.0  # seconds a cancel done elsewhere waits for its end to reach the view here
 _TIMER_SLACK = 0.05  # past the deadline, so the subtree's seconds are over the limit, not at it
+
+# Asks the replica that drives a run to do something to it: (run, "cancel"|"approve", args) ->
+# its reply (`fleet`); a reply with "error" was refused there.
+Remote = Callable[[str, str, dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
 
 log = structlog.get_logger(service="runtime")
 
@@ -81,6 +97,8 @@ class Run:
     asking: asyncio.Lock = field(default_factory=asyncio.Lock)
     # With tracing on, the run's `invoke_agent` span (`spans`), ended when its task ends.
     span: Span | None = None
+    # Driven by this process; False: another replica drives it and this is its view.
+    here: bool = True
 
 
 class Runtime:
@@ -88,7 +106,7 @@ class Runtime:
 
     def __init__(
         self,
-        journal_file: JournalFile,
+        journal_file: Store,
         llm: Llm,
         upstreams: Upstreams,
         *,
@@ -117,23 +135,143 @@ class Runtime:
         self._approval_waiters: set[asyncio.Event] = set()
         self._stopping = False
         self.rounds: Rounds[Run] = Rounds(caller, self.metrics, self._apply, self._ask)
+        self.remote: Remote | None = None  # set on a shared journal (`fleet`)
+        # Catches the views up with the shared journal (`fleet`): a handle spawned elsewhere a
+        # moment ago is known once it returns.
+        self.sync: Callable[[], Coroutine[Any, Any, None]] | None = None
+        self.stale: set[str] = set()  # runs stopped here by a lost lease, state to re-read
+        self.beginning: set[str] = set()  # runs whose first record is being journaled here
 
     # --- lifecycle ---
 
-    def resume(self) -> int:
-        """Replay the journal; finished runs answer, unfinished ones start again. Returns them."""
+    def resume(self, *, drive: bool = True) -> int:
+        """Replay the journal; finished runs answer, unfinished ones start again (with `drive`
+        false they stay views until their lease is taken, `take`). Returns how many started."""
         replayed = journal.replay(self.journal.open())
         resumed = 0
         for handle, state in replayed.runs.items():
-            run = Run(state=state)
+            run = Run(state=state, here=drive)
             self.runs[handle] = run
-            resumed += self._enter(run)
-        for handle, run in self.runs.items():
-            if run.state.exceeded is not None:
-                # Tripped just before a crash: finish cancelling what still lives under it.
-                self._background_task(self.cancel(handle, run.state.exceeded.reason))
+            if drive:
+                resumed += self._enter(run)
+            elif state.phase.over:
+                run.done.set()
+        self._cancel_exceeded(self.runs)
         log.info("runtime.replayed", runs=len(replayed.runs), resumed=resumed)
         return resumed
+
+    def _cancel_exceeded(self, runs: dict[str, Run]) -> None:
+        for handle, run in runs.items():
+            if run.here and run.state.exceeded is not None:
+                # Tripped just before a crash: finish cancelling what still lives under it.
+                self._background_task(self.cancel(handle, run.state.exceeded.reason))
+
+    # --- a shared journal ---
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """A record another replica wrote: the views of its runs step; a budget it takes over
+        its limit is tripped if this replica drives that run."""
+        learn = getattr(self.journal, "learn", None)
+        for r in forks.expand([record]):
+            if learn is not None:
+                learn(r)
+            handle = str(r.get("run"))
+            run = self.runs.get(handle)
+            if r.get("type") in forks.STARTS:
+                if run is None:
+                    self.runs[handle] = run = Run(state=forks.begin(r), here=False)
+                continue
+            if run is None or run.here:
+                continue
+            new = journal.apply(run.state, r)
+            if new is not None:
+                run.state = new
+                if new.phase.over:
+                    run.done.set()
+            self._background_task(self._check_budget(handle))
+
+    def take(self, states: dict[str, m.RunState]) -> list[str]:
+        """Drive runs whose lease this replica claimed, from their journaled states."""
+        taken: dict[str, Run] = {}
+        for handle, state in states.items():
+            run = self.runs.get(handle)
+            if (run is not None and run.here) or handle in self.beginning:
+                continue  # driven here already (its finished record may be on its way)
+            if run is None:
+                run = self.runs[handle] = Run(state=state)
+            run.state, run.here = state, True
+            if self._enter(run):
+                taken[handle] = run
+        self._cancel_exceeded(taken)
+        if taken:
+            log.info("runs.taken_over", runs=sorted(taken))
+        return sorted(taken)
+
+    async def lost(self, states: dict[str, m.RunState]) -> None:
+        """Stop driving runs another replica took (nothing journaled); they become views, at
+        the journaled states given."""
+        tasks = []
+        for handle, state in states.items():
+            run = self.runs.get(handle)
+            if run is None:
+                continue
+            run.here = False
+            if run.task is not None and not run.task.done():
+                run.task.cancel()
+                tasks.append(run.task)
+            run.state = state
+            if state.phase.over:
+                run.done.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for handle in states:
+            timer = self._timers.pop(handle, None)
+            if timer is not None:
+                timer.cancel()
+        if states:
+            log.warning("runs.lease_lost", runs=sorted(states))
+
+    async def known(self, handles: list[str]) -> None:
+        """On a shared journal, catch up with it first if a handle is not known here yet."""
+        if self.sync is not None and any(h not in self.runs for h in handles):
+            await self.sync()
+
+    async def command(self, handle: str, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Carry out what another replica asked of a run driven here (`remote`)."""
+        try:
+            if kind == "cancel":
+                return {"cancelled": await self.cancel(handle, str(args.get("reason")))}
+            if kind == "approve":
+                call = args.get("call")
+                return await self.approve(handle, bool(args["allow"]), None if call is None
+                                          else str(call))  # fmt: skip
+            return {"error": f"unknown command {kind}"}
+        except RequestError as exc:
+            return {"error": str(exc)}
+
+    async def _ask_remote(self, handle: str, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        assert self.remote is not None
+        reply = await self.remote(handle, kind, args)
+        if "error" in reply:
+            raise RequestError(str(reply["error"]))
+        return reply
+
+    def _elsewhere(self, handle: str) -> bool:
+        run = self.runs.get(handle)
+        return run is not None and not run.here and not run.state.phase.over
+
+    # --- retention ---
+
+    async def retain(self, age: float) -> list[str]:
+        """Let go of finished trees older than `age` seconds (`retention`): out of the journal,
+        then out of memory; their handles."""
+        gone = retention.expired(self.runs, self.clock(), age)
+        if not gone:
+            return []
+        await self.journal.archive(gone)
+        for handle in gone:
+            self.runs.pop(handle, None)
+        log.info("runs.archived", runs=len(gone), live=len(self.runs))
+        return sorted(gone)
 
     def _enter(self, run: Run) -> bool:
         """A replayed run: over, it answers; else its task starts (True)."""
@@ -188,10 +326,14 @@ class Runtime:
 
     async def _begin(self, record: dict[str, Any]) -> None:
         """Journal a record that begins runs, or refuse them (`JournalUnwritable`)."""
+        handles = {str(r.get("run")) for r in forks.expand([record])}
+        self.beginning |= handles  # their leases are ours before they are in `runs`
         try:
             await self.journal.append(record, retry=False)
         except OSError as exc:
             raise _unwritable(self.journal.failing or repr(exc)) from exc
+        finally:
+            self.beginning -= handles
 
     async def spawn(self, spec: m.RunSpec, *, caller_trace: str | None = None) -> str:
         """Start a run; `caller_trace` is the traceparent of the request that asked for it."""
@@ -229,6 +371,7 @@ class Runtime:
         interrupt: asyncio.Event | None = None,
     ) -> list[dict[str, Any]]:
         """Wait until all (or any) of the runs are over, the timeout, or `interrupt` is set."""
+        await self.known(handles)
         runs = [r for h in handles if (r := self.runs.get(h)) is not None]
         if runs:
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(_over(runs, mode))]
@@ -256,18 +399,39 @@ class Runtime:
 
     async def cancel(self, handle: str, reason: str = "cancelled") -> list[str]:
         """Cancel a run and its running descendants; the handles cancelled."""
+        await self.known([handle])
         if handle not in self.runs:
             raise RequestError(f"no run {handle}")
-        cancelled = []
+        if self._elsewhere(handle):
+            reply = await self._ask_remote(handle, "cancel", {"reason": reason})
+            cancelled = [str(h) for h in reply.get("cancelled", [])]
+            await self._seen_over(cancelled)
+            return cancelled
+        cancelled, remote = [], []
         for h in [handle, *self.descendants(handle)]:
             run = self.runs[h]
+            if self._elsewhere(h) and self.remote is not None:
+                remote.append(self._ask_remote(h, "cancel", {"reason": reason}))
+                continue
             if run.state.phase.over or run.task is None or run.task.done():
                 continue
             run.cancel_reason = reason
             run.task.cancel()
             cancelled.append(h)
+        replies = await asyncio.gather(*remote, return_exceptions=True)
         await asyncio.gather(*(self.runs[h].done.wait() for h in cancelled))
+        for answer in replies:
+            if isinstance(answer, dict):
+                cancelled += [str(h) for h in answer.get("cancelled", []) if h not in cancelled]
+        await self._seen_over(cancelled)
         return cancelled
+
+    async def _seen_over(self, handles: list[str]) -> None:
+        """Wait (a bounded while) until the views of runs ended elsewhere show them over."""
+        waits = [r.done.wait() for h in handles if (r := self.runs.get(h)) is not None]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_SEEN_OVER):
+                await asyncio.gather(*waits)
 
     def descendants(self, handle: str) -> list[str]:
         return budget.subtree(handle, budget.children(self.runs))[1:]
@@ -279,9 +443,12 @@ class Runtime:
 
     async def approve(self, handle: str, allow: bool, call_id: str | None = None) -> dict[str, Any]:
         """Answer the run's pending approval; returns once the answer is journaled."""
+        await self.known([handle])
         run = self.runs.get(handle)
         if run is None:
             raise RequestError(f"no run {handle}")
+        if self._elsewhere(handle):
+            return await self._ask_remote(handle, "approve", {"allow": allow, "call": call_id})
         pending = run.approval
         if pending is None or pending.answer.done():
             raise RequestError(f"run {handle} is not waiting for an approval")
@@ -368,13 +535,18 @@ class Runtime:
                     await self.rounds.call(run, decision.calls, offered)
                 await self._check_budget(handle)
         except asyncio.CancelledError:
-            if run.cancel_reason is None:
+            if run.cancel_reason is None or not run.here:
                 raise  # the process is stopping: nothing is journaled, the run resumes
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
             await self._apply(run, m.Cancel(reason=run.cancel_reason, at=self.clock()))
         except Exception as exc:  # a bug must not leave an awaiter waiting forever
+            if _lease_lost(exc):
+                run.here = False  # another replica drives it now (`lost` brings its state)
+                self.stale.add(handle)
+                log.warning("run.lease_lost", run=handle)
+                return
             log.exception("run.crashed", run=handle)
             await self._apply(run, m.TurnFailed(error=f"internal error: {exc!r}", at=self.clock()))
 
@@ -411,8 +583,10 @@ class Runtime:
         await self._check_budget(spec.handle)
 
     async def _check_budget(self, handle: str) -> None:
-        """Trip every budget at or above `handle` that is past a limit."""
+        """Trip every budget at or above `handle` that is past a limit (of runs driven here)."""
         for h, exceeded in budget.check(self.runs, handle, self.clock()):
+            if not self.runs[h].here:
+                continue  # its own replica trips it, seeing the same spend
             await self._apply(self.runs[h], m.BudgetExceeded(exceeded=exceeded))
             self._tripped(h, exceeded)
 
@@ -485,6 +659,13 @@ async def _over(runs: list[Run], mode: str) -> None:
     finally:
         for w in waits:
             w.cancel()
+
+
+def _lease_lost(exc: Exception) -> bool:
+    """The run's lease went elsewhere (also from inside a round's task group)."""
+    if isinstance(exc, ExceptionGroup):
+        return exc.subgroup(LeaseLost) is not None
+    return isinstance(exc, LeaseLost)
 
 
 def _unwritable(why: str) -> JournalUnwritable:

@@ -126,6 +126,7 @@ class RuntimeTools:
         timeout: Timeout = AWAIT_DEFAULT,
     ) -> dict[str, Any] | InputRequiredResult:
         """Wait for all (or any) of the runs to end, at most `timeout` s; then each run's state."""
+        await self.runtime.known(handles)
         self._scoped(ctx, handles)
         out = await covering_wait(self.runtime, handles, mode, timeout, ctx, session=caller_of(ctx))
         return out if isinstance(out, InputRequiredResult) else {"runs": out}
@@ -165,6 +166,7 @@ class RuntimeTools:
         elif handles is None:
             chosen = list(self.runtime.runs)
         else:
+            await self.runtime.known(handles)
             chosen = self._scoped(ctx, handles)
         waiting = self.runtime.pending_approvals(chosen)
         runs = [self.runtime.summary(h) for h in chosen]

@@ -16,6 +16,10 @@ request capabilities gets a task from `run` instead of waiting in the call:
 Records: {"v":1,"type":"task","task":ID,"run":H,"at":ISO} when made, {"v":1,"type":"taskEnded",
 "task":ID,"status":"failed|cancelled","error":...} when failed or cancelled. A task still open
 (its run not over) when the runtime stops is failed on the next start; its run resumes as usual.
+A task leaves the file (for its archive) with its run, when retention lets the run go (`retain`).
+On a shared journal (`journal_pg`) the tasks are the database's: every replica answers for
+every task (the others' task records reach it through `observe`), and an open task stays open
+across a replica's restart, since its run goes on on another replica.
 Any other client, and any other tool, passes through unchanged.
 """
 
@@ -24,7 +28,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -42,7 +46,7 @@ from luftpause.runtime.auth import identity_of
 from luftpause.runtime.errors import RequestError
 from luftpause.runtime.questions import TASKS_SESSION, session_of
 from luftpause.runtime.runs import Runtime
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.store import Store
 
 IDENTIFIER = "io.modelcontextprotocol/tasks"
 TASKS_NAME = "tasks.jsonl"
@@ -79,12 +83,17 @@ def replay(records: list[dict[str, Any]]) -> dict[str, TaskEntry]:
     """The tasks a task file describes."""
     tasks: dict[str, TaskEntry] = {}
     for r in records:
-        if r.get("type") == "task":
-            tasks[r["task"]] = TaskEntry(task_id=r["task"], run=r["run"], created_at=r["at"])
-        elif r.get("type") == "taskEnded" and r.get("task") in tasks:
-            entry = tasks[r["task"]]
-            tasks[r["task"]] = replace(entry, ended=r["status"], error=r.get("error"))
+        fold(tasks, r)
     return tasks
+
+
+def fold(tasks: dict[str, TaskEntry], r: dict[str, Any]) -> None:
+    """One task record applied to the tasks."""
+    if r.get("type") == "task":
+        tasks[r["task"]] = TaskEntry(task_id=r["task"], run=r["run"], created_at=r["at"])
+    elif r.get("type") == "taskEnded" and r.get("task") in tasks:
+        entry = tasks[r["task"]]
+        tasks[r["task"]] = replace(entry, ended=r["status"], error=r.get("error"))
 
 
 def _now() -> str:
@@ -96,15 +105,26 @@ class TasksExtension(Extension):
 
     identifier = IDENTIFIER
 
-    def __init__(self, runtime: Runtime, task_file: JournalFile, spawn: Spawn) -> None:
+    def __init__(
+        self, runtime: Runtime, task_file: Store, spawn: Spawn, *, shared: bool = False
+    ) -> None:
         self.runtime = runtime
         self.file = task_file
         self.spawn = spawn
+        self.shared = shared
         self.tasks: dict[str, TaskEntry] = {}
 
+    def observe(self, record: dict[str, Any]) -> None:
+        """A task record another replica wrote (a shared journal)."""
+        fold(self.tasks, record)
+
     async def resume(self) -> int:
-        """Read the task file; fail the tasks whose run is not over. Returns how many."""
+        """Read the task file; fail the tasks whose run is not over (not on a shared journal,
+        where their runs go on elsewhere). Returns how many."""
         self.tasks = replay(self.file.open())
+        if self.shared:
+            log.info("tasks.replayed", tasks=len(self.tasks), failed=0)
+            return 0
         failed = 0
         for entry in list(self.tasks.values()):
             run = self.runtime.runs.get(entry.run)
@@ -113,6 +133,17 @@ class TasksExtension(Extension):
                 failed += 1
         log.info("tasks.replayed", tasks=len(self.tasks), failed=failed)
         return failed
+
+    async def retain(self, runs: Iterable[str]) -> int:
+        """Let go of the tasks of runs retention let go (`Runtime.retain`): out of the task
+        file, then out of memory; how many."""
+        let_go = set(runs)
+        gone = {t for t, entry in self.tasks.items() if entry.run in let_go}
+        if gone:
+            await self.file.archive(gone)
+            for task_id in gone:
+                self.tasks.pop(task_id, None)
+        return len(gone)
 
     def close(self) -> None:
         self.file.close()
@@ -147,23 +178,26 @@ class TasksExtension(Extension):
     # --- methods ---
 
     async def _get(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        return await self._view(self._entry(params.task_id), session_of(ctx.request))
+        return await self._view(await self._entry(params.task_id), session_of(ctx.request))
 
     async def _update(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        self._entry(params.task_id)
+        await self._entry(params.task_id)
         await ask.apply_answers(self.runtime, params.input_responses)
         return {}
 
     async def _cancel(self, ctx: ServerRequestContext[Any, Any], params: Any) -> HandlerResult:
-        entry = self._entry(params.task_id)
-        if entry.ended is None and not self.runtime.runs[entry.run].state.phase.over:
+        entry = await self._entry(params.task_id)
+        run = self.runtime.runs.get(entry.run)
+        if entry.ended is None and run is not None and not run.state.phase.over:
             await self.runtime.cancel(entry.run)
             entry = await self._end(entry, "cancelled", None)
         return await self._view(entry)
 
     # --- helpers ---
 
-    def _entry(self, task_id: str) -> TaskEntry:
+    async def _entry(self, task_id: str) -> TaskEntry:
+        if task_id not in self.tasks and self.runtime.sync is not None:
+            await self.runtime.sync()  # made on another replica a moment ago?
         entry = self.tasks.get(task_id)
         if entry is None:
             raise MCPError(code=INVALID_PARAMS, message=f"no task {task_id}")
@@ -190,7 +224,11 @@ class TasksExtension(Extension):
             return out | {"status": "failed", "statusMessage": entry.error, "error": error}
         if entry.ended == "cancelled":
             return out | {"status": "cancelled"}
-        run = self.runtime.runs[entry.run]
+        run = self.runtime.runs.get(entry.run)
+        if run is None:  # let go by retention
+            gone = f"run {entry.run} finished and was archived (--retain-finished)"
+            return out | {"status": "failed", "statusMessage": gone,
+                          "error": {"code": -32603, "message": gone}}  # fmt: skip
         if run.state.phase.over:
             summary = self.runtime.summary(entry.run)
             result = CallToolResult(
