@@ -24,7 +24,9 @@ bench.pool_lab's virtual time instead of real processes (about a minute per mode
 scheduler core and dataplane placement driven by a discrete-event model of the engines and
 agents. The lab also counts turns answered per class (`ratio_turns`, `summary_turns`): a run
 lasts a minute or more, so runs finished in a 300 s window move in jumps of a whole run per
-agent. Writes bench/results/family.json (or `--out`) after every model.
+agent. `--without RULE,...` turns rules off in the luftpause arm (an ablation, lab only) and
+`--only NAME...` keeps some of the models (each with the tool style the full draw gave it).
+Writes bench/results/family.json (or `--out`) after every model.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from bench.common import RESULTS, rotated, write_result
 from bench.engine_models import NAMED, EngineModel, sampled
 from bench.flood import _scale, one_arm
 from bench.pool_lab import LabFront, LabWorkload, run_lab
+from luftpause.scheduler.core.model import Rules
 
 ARMS = ("router-cache_aware", "luftpause")
 ROUTER = "router-cache_aware"
@@ -89,7 +92,8 @@ def lab_arm(model: EngineModel, arm: str, style: str, a: argparse.Namespace) -> 
     if arm == ROUTER:
         front = LabFront(kind="cache_aware")
     else:
-        front = LabFront(kind="luftpause", priority=model.priority)
+        rules = Rules().switched(a.without, on=False) if a.without else Rules()
+        front = LabFront(kind="luftpause", priority=model.priority, rules=rules)
     return run_lab(model.lab(), wl, front)
 
 
@@ -182,6 +186,8 @@ def chosen_models(a: argparse.Namespace) -> list[tuple[EngineModel, str]]:
         out.append((NAMED[name], a.style or "openai"))
     for m in sampled(a.sampler_seed, a.models):
         out.append((m, a.style or rng.choice(("openai", "text"))))
+    if a.only:
+        out = [(m, st) for m, st in out if m.name in a.only]
     return out
 
 
@@ -260,6 +266,13 @@ def main() -> None:
     p.add_argument("--window-s", type=float, default=300.0, help="simulated seconds per arm")
     p.add_argument("--seed", type=int, default=1, help="the workload's seed")
     p.add_argument("--lab", action="store_true", help="virtual time (bench.pool_lab), no sockets")
+    p.add_argument("--only", nargs="+", help="of the models named and sampled, only these")
+    p.add_argument(
+        "--without",
+        type=lambda v: tuple(v.split(",")),
+        default=(),
+        help=f"--lab only: luftpause with these rules off (an ablation): {','.join(Rules.names())}",
+    )
     p.add_argument("--resume", action="store_true", help="keep the models --out already has")
     p.add_argument("--jobs", type=int, default=2, help="models side by side (--lab only)")
     p.add_argument("--out", default="family")

@@ -57,3 +57,17 @@ def test_the_summary_names_the_models_behind_and_the_worst() -> None:
     assert (s["batch"]["min"], s["batch"]["max"], s["models"]) == (0.7, 1.0, 3)
     assert summarise(models, "ratio_turns")["behind"] == ["zero-sum", "both"]
     assert summarise([], "ratio_turns") == {}
+
+
+def test_only_keeps_the_named_models_with_the_tool_style_the_full_draw_gave_them() -> None:
+    import argparse
+
+    from bench.family import chosen_models
+
+    a = argparse.Namespace(named=["issue-sglang"], models=30, sampler_seed=26, style=None, seed=1)
+    full = {m.name: style for m, style in chosen_models(argparse.Namespace(**vars(a), only=None))}
+    some = chosen_models(argparse.Namespace(**vars(a), only=["issue-sglang", "llamacpp-26-20"]))
+    assert [(m.name, st) for m, st in some] == [
+        ("issue-sglang", full["issue-sglang"]),
+        ("llamacpp-26-20", full["llamacpp-26-20"]),
+    ]
