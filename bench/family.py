@@ -128,7 +128,10 @@ def summarise(models: list[dict[str, Any]], key: str = "ratio") -> dict[str, Any
         vals = sorted(float(m[key][cls]) for m in rows if m[key][cls] is not None)
         if not vals:
             return {}
-        qs = statistics.quantiles(vals, n=10) if len(vals) > 1 else [vals[0]] * 9
+        # Inclusive: between the smallest and largest even for a handful of models.
+        qs = [vals[0]] * 9
+        if len(vals) > 1:
+            qs = statistics.quantiles(vals, n=10, method="inclusive")
         return {
             "min": vals[0],
             "p10": round(qs[0], 3),
