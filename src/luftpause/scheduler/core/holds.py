@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from luftpause.scheduler.core import queues, residency
 from luftpause.scheduler.core.model import NEW_RUN_MAX_HOLD_S, Bucket, HeldTurn, Run, evolve
-from luftpause.scheduler.core.placement import has_room
 from luftpause.scheduler.core.state import Draft, View
 
 SOFT_WAIT_FACTOR = 2.0
@@ -69,13 +68,12 @@ def _soft_wait(d: Draft, held: HeldTurn, at: float) -> list[Bucket]:
 
 
 def room_elsewhere(view: View, held: HeldTurn, home: str) -> bool:
-    """Whether a replica other than `home` has room for `held` now, with no turn of a run of
-    its own waiting for it."""
+    """Whether a replica other than `home` has room for `held` now (its room set: healthy,
+    serving the model, a free place for the class), with no turn of a run of its own waiting
+    for it."""
     cls = held.service_class
-    for rid in view.generative_by_model.get(held.model, ()):
-        replica = view.replicas[rid]
-        if rid == home or not replica.healthy or not has_room(replica, cls):
-            continue
-        if not view.heads.get((("r", rid, held.model), cls)):
-            return True
-    return False
+    heads = view.heads
+    return any(
+        rid != home and not heads.get((("r", rid, held.model), cls))
+        for rid in view.room_for(("o", held.model, cls))
+    )
