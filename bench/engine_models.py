@@ -112,30 +112,23 @@ ISSUE_SGLANG = EngineModel(
     ),
     metrics="sglang",
 )
+
+
+def _issue_variant(suffix: str, **params: Any) -> EngineModel:
+    """The issue's model with some of its parameters changed."""
+    return replace(
+        ISSUE_SGLANG, name=f"issue-sglang-{suffix}", params=replace(ISSUE_SGLANG.params, **params)
+    )
+
+
 NAMED: dict[str, EngineModel] = {
     m.name: m
     for m in (
         ISSUE_SGLANG,
-        replace(
-            ISSUE_SGLANG,
-            name="issue-sglang-kv48k",
-            params=replace(ISSUE_SGLANG.params, kv_tokens=48_000),
-        ),
-        replace(
-            ISSUE_SGLANG,
-            name="issue-sglang-run8",
-            params=replace(ISSUE_SGLANG.params, max_running=8),
-        ),
-        replace(
-            ISSUE_SGLANG,
-            name="issue-sglang-optimistic",
-            params=replace(ISSUE_SGLANG.params, reply_reserve=0.25),
-        ),
-        replace(
-            ISSUE_SGLANG,
-            name="issue-sglang-blocks16",
-            params=replace(ISSUE_SGLANG.params, prefix_cache="block", block_size=16),
-        ),
+        _issue_variant("kv48k", kv_tokens=48_000),
+        _issue_variant("run8", max_running=8),
+        _issue_variant("optimistic", reply_reserve=0.25),
+        _issue_variant("blocks16", prefix_cache="block", block_size=16),
     )
 }
 
