@@ -333,6 +333,28 @@ def test_a_run_is_not_kept_after_the_round_its_kind_stops_coming_back() -> None:
     assert not state.runs["last"].resident  # after the third, runs like it never came back
 
 
+def test_a_run_counts_as_back_when_its_turn_arrives_not_when_a_held_turn_is_placed() -> None:
+    # The replica's one slot is taken for the whole test: runs end their first round (on turns
+    # their dataplane placed past the cap) and their next turns wait. Counted only once placed,
+    # none of those returns would count, and runs like these would seem never to come back.
+    state = cap(kv_pool("a"), "a", 1)
+    state, _ = admit(state, "block", "blocker", cls=BATCH, at=0.0)
+    for r in range(6):
+        t = float(r)
+        first = Admit(
+            at=t, turn_id=f"first{r}", run_id=f"r{r}", model=MODEL, placed_on="a", dataplane="dp"
+        )
+        state, _ = decide(state, first)
+        state = finish(state, f"first{r}", at=t + 0.5)
+        if r == 5:
+            break
+        state, _ = admit(state, f"next{r}", f"r{r}", at=t + 1.0)
+        assert f"next{r}" in state.held
+    learned = state.comebacks[("interactive", False, 1)]
+    assert learned.back == pytest.approx(learned.ends - 1.0), learned  # all but r5's end
+    assert state.runs["r5"].resident  # expected back: its prefix is kept
+
+
 def test_status_shows_each_replicas_working_set_against_its_pool() -> None:
     from luftpause.scheduler.core.status import status_view
 

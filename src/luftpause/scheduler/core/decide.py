@@ -202,6 +202,7 @@ def _admit(d: Draft, ev: Admit) -> Applied:
         return [_place_action(d, ev.turn_id, home, placed.service_class, 0.0)], []
     if ev.turn_id in d.held or ev.turn_id in d.budget_held:
         return [], []
+    lifecycle.arrived(d, ev.run_id, ev.at)
     if ev.placed_on:
         return _placed_by_dataplane(d, ev)
     if not serves(d, ev.model, ev.single_pass):

@@ -102,8 +102,6 @@ def _generating(d: Draft, old: Run | None, held: HeldTurn, replica: Replica, at:
         counters.bump_paused(d, old.replica, -1)
     if old.resident and old.replica != replica.id:
         old = residency.leave(d, old)  # it moves: its KV there is free now
-    if not old.turns_in_flight and old.rounds:
-        _came_back(d, old, held.arrived_at)
     run = evolve(
         old,
         replica=replica.id,
@@ -155,7 +153,9 @@ def end_turn(
     if run.resident and run.replica != turn.replica:  # its latest turn went elsewhere
         run = residency.leave(d, run)
     phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
-    run = evolve(run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica)
+    run = evolve(
+        run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica, back=False
+    )
     d.runs = d.runs.set(run.id, run)
     if holds_headroom(d, run):
         counters.bump_paused(d, run.replica, 1)
@@ -202,6 +202,20 @@ def _stay(d: Draft, run: Run, at: float, tool_calls: bool, *, counted: bool) -> 
         return residency.leave(d, run)
     tokens = residency.footprint(d, run) if run.context_tokens else run.footprint
     return residency.set_footprint(d, run, tokens, until=at + window)
+
+
+def arrived(d: Draft, run_id: str, at: float) -> None:
+    """A turn of `run_id` arrived at `at`: if it is the run's first since its last turn ended,
+    learn how runs like it come back. Counted when the turn arrives, not when it is placed: a
+    pool that holds turns would learn each return as late as it held it, and every end in
+    between would count as one that did not come back (a pool of 2-slot engines, held turns
+    waiting ten seconds: runs ending their second round were learned to come back one time in
+    ten, so none stayed resident and two in five moved to the other replica)."""
+    run = d.runs.get(run_id)
+    if run is None or run.back or run.turns_in_flight or not run.rounds:
+        return
+    _came_back(d, run, at)
+    d.runs = d.runs.set(run_id, evolve(run, back=True))
 
 
 def _came_back(d: Draft, run: Run, at: float) -> None:

@@ -308,6 +308,8 @@ class Run:
     footprint: int = 0
     # Until when an idle or paused run stays resident (expected back); see `residency`.
     resident_until: float = 0.0
+    # A turn of it arrived since its last turn ended (learned as a comeback then).
+    back: bool = False
 
     def __post_init__(self) -> None:
         _check_id("run id", self.id)
