@@ -92,7 +92,7 @@ def lab_arm(model: EngineModel, arm: str, style: str, a: argparse.Namespace) -> 
     if arm == ROUTER:
         front = LabFront(kind="cache_aware")
     else:
-        rules = Rules().switched(a.without, on=False) if a.without else Rules()
+        rules = Rules(interactive_weight=a.interactive_weight).switched(a.without, on=False)
         front = LabFront(kind="luftpause", priority=model.priority, rules=rules)
     return run_lab(model.lab(), wl, front)
 
@@ -275,6 +275,12 @@ def main() -> None:
         type=lambda v: tuple(v.split(",")),
         default=(),
         help=f"--lab only: luftpause with these rules off (an ablation): {','.join(Rules.names())}",
+    )
+    p.add_argument(
+        "--interactive-weight",
+        type=float,
+        default=Rules().interactive_weight,
+        help="--lab only: luftpause's interactive weight (the share rule; default %(default)s)",
     )
     p.add_argument("--resume", action="store_true", help="keep the models --out already has")
     p.add_argument("--jobs", type=int, default=2, help="models side by side (--lab only)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from luftpause.scheduler.core import counters, expiry, placement, queues, residency
+from luftpause.scheduler.core import counters, expiry, placement, queues, residency, shares
 from luftpause.scheduler.core.events import (
     Admit,
     Event,
@@ -202,6 +202,10 @@ def check_rebuilds(state: State, at: float) -> None:
     assert {r: set(ids) for r, ids in state.held_by_run.items()} == {
         r: set(ids) for r, ids in rebuilt.held_by_run.items()
     }, "held turns by run differ from their rebuild"
+
+    rebuilt = Draft(state)
+    shares.rebuild(rebuilt)
+    assert rebuilt.shares == state.shares, "class counts per model differ from their rebuild"
 
 
 def _chain_ids(chain: object) -> set[str]:

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from luftpause.common.config import Endpoint, Priorities
-from luftpause.scheduler.core import slots
+from luftpause.scheduler.core import shares, slots
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
     Action,
@@ -221,12 +221,14 @@ class CoreMachine(RuleBasedStateMachine):
                 home = after.replicas.get(run.replica)
                 if home is not None and home.healthy and turn.model in home.models:
                     assert action.replica_id == run.replica, "pinned or resident run moved"
-        self.check_fairness(before, places)
+        self.check_fairness(before, event.at, places)
         check_kv_rule(before, after, event, places)
 
-    def check_fairness(self, before: State, places: list[Place]) -> None:
+    def check_fairness(self, before: State, at: float, places: list[Place]) -> None:
         """Counts only grow while a step drains, so each caller's count when a turn was
-        chosen is its count after the step less its placements from that turn on."""
+        chosen is its count after the step less its placements from that turn on. An
+        interactive turn waits while a batch one goes only past its class's share (`shares`:
+        the counts per class it reads are the same after the step as when the drain ran)."""
         after = self.state
         for i, action in enumerate(places):
             placed = after.turns[action.turn_id]
@@ -241,10 +243,15 @@ class CoreMachine(RuleBasedStateMachine):
                 ):
                     continue
                 if held.service_class is not placed.service_class:
-                    assert held.service_class is ServiceClass.BATCH, (
-                        f"interactive {held.id} waits while batch {placed.id} was placed"
-                    )
+                    assert held.service_class is ServiceClass.BATCH or shares.past_share(
+                        after, held.model, at
+                    ), f"interactive {held.id} waits while batch {placed.id} was placed"
                     continue
+                if held.service_class is ServiceClass.INTERACTIVE and (
+                    shares.past_share(after, held.model, at)
+                    and not shares.past_share(after, placed.model, at)
+                ):
+                    continue  # the models' pools differ: only the one within its share goes
                 held_key = (after.caller_in_flight.get(held.caller, 0), held.seq)
                 assert not held_key < placed_key, f"{held.id} passed over by {placed.id}"
 

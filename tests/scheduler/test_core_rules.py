@@ -179,7 +179,7 @@ def test_held_turn_is_placed_when_capacity_frees() -> None:
 
 def test_held_turns_drain_interactive_before_batch() -> None:
     state = cap(pool("a"), "a", 1)
-    state, _ = admit(state, "t0", "r0")
+    state, _ = admit(state, "t0", "r0", cls=BATCH)
     state, _ = admit(state, "b1", "rb", cls=BATCH, at=1)
     state, _ = admit(state, "i1", "ri", at=2)
     _, actions = finish(state, "t0", at=3)

@@ -72,6 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="switch placement rules on that are off by default (headroom)",
     )
     p.add_argument(
+        "--interactive-weight",
+        type=_weight,
+        default=Rules().interactive_weight,
+        metavar="W",
+        help="what one interactive run weighs against one batch run where both classes "
+        "share a saturated pool: interactive turns go first while their class has had at "
+        "most its weighted share lately (the share rule; default %(default)s; "
+        "--without share: interactive always first)",
+    )
+    p.add_argument(
         "--no-affinity",
         action="store_true",
         help="the same as --without affinity,soft_affinity: every run may move",
@@ -102,10 +112,20 @@ def _rule_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def _weight(text: str) -> float:
+    try:
+        return Rules(interactive_weight=float(text)).interactive_weight
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a positive number: {text!r} (an interactive run weighs that many batch runs)"
+        ) from None
+
+
 def rules_from(args: argparse.Namespace) -> Rules:
     """The placement rules the options ask for."""
     off = (*args.without, *(("affinity", "soft_affinity") if args.no_affinity else ()))
-    return Rules().switched(args.with_rules, on=True).switched(off, on=False)
+    rules = Rules(interactive_weight=args.interactive_weight)
+    return rules.switched(args.with_rules, on=True).switched(off, on=False)
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> argparse.Namespace:

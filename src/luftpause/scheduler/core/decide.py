@@ -4,19 +4,19 @@ Pure module: no I/O, no clock reads, no awaits, no randomness. The gRPC host and
 feed it events and carry out the actions it returns; the same sequence of events always gives
 the same states and actions.
 
-Theory of operation. `decide` makes a `Draft` of the state, ends the residency of runs not
-back in time, applies the event, drains the held turns that may fit now, and freezes the draft
-into the next state. A turn enters as `Admit` and waits in a queue of its bucket (see `model`)
-until a replica may take it (`placement.choose_replica`). Whatever adds room (a turn ends, a
-probe changes load or health, a run leaves a working set, a resync) notes the replica in
+Theory of operation. `decide` makes a `Draft` of the state, ends the residency of runs not back
+in time, applies the event, drains the held turns that may fit now, and freezes the draft into
+the next state. A turn enters as `Admit` and waits in a queue of its bucket (see `model`) until
+a replica may take it (`placement.choose_replica`). Whatever adds room (a turn ends, a probe
+changes load or health, a run leaves a working set, a resync) notes the replica in
 `Draft.opened` (`placement.set_replica`); whatever moves a held turn to another bucket returns
-that bucket. Those buckets drain in priority order: interactive before batch, then the caller
-with the fewest turns in flight, then arrival. A placed turn puts its run in GENERATING on that
-replica; a reply ending in tool calls leaves it TOOL_PAUSED there (pinned, and holding headroom
-against batch if it is interactive); any other end leaves it IDLE, resident while runs like it
-come back (`residency`). Ticks (`upkeep`) expire turns never reported back, runs idle too long,
-the turns of dataplanes gone past their grace period, and the waits only worth a bounded time
-(`holds`).
+that bucket. Those buckets drain in priority order: interactive before batch (while within its
+share, `shares`), then the caller with the fewest turns in flight, then arrival. A placed turn
+puts its run in GENERATING on that replica; a reply ending in tool calls leaves it TOOL_PAUSED
+there (pinned, and holding headroom against batch if it is interactive); any other end leaves
+it IDLE, resident while runs like it come back (`residency`). Ticks (`upkeep`) expire turns
+never reported back, runs idle too long, the turns of dataplanes gone past their grace period,
+and the waits only worth a bounded time (`holds`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from luftpause.scheduler.core import (
     placement,
     queues,
     residency,
+    shares,
     upkeep,
 )
 from luftpause.scheduler.core.events import (
@@ -75,7 +76,6 @@ from luftpause.scheduler.core.state import Draft, State
 Decision = tuple[State, tuple[Action, ...]]
 DEFAULT_RULES = Rules()
 Applied = tuple[list[Action], list[Bucket]]
-_CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
 
 
 def initial_state(
@@ -359,36 +359,46 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     """Place every held turn of `buckets` that fits, best first.
 
     Within one bucket and class every turn fits or none does (`bucket_fits`), so only the
-    heads of fitting buckets are compared, and a bucket that stops fitting is done. Placing a
-    turn can re-bucket other held turns of its run, and open room elsewhere; those buckets join
-    the drain, and when a batch placement moved an interactive turn of its run (a run whose
-    class changed between turns), the interactive pass runs again for it.
+    heads of fitting buckets are compared, and a bucket that stops fitting is done. Interactive
+    turns go first, unless their class had more than its share of the pool lately and a batch
+    turn fits (`shares`). Placing a turn can re-bucket other held turns of its run, and open
+    room elsewhere; those buckets join the drain, and interactive turns are looked for again
+    (a batch placement can move an interactive turn of its run: a run whose class changed
+    between turns).
     """
     actions: list[Action] = []
     pending = list(dict.fromkeys(buckets))
-    classes = list(_CLASSES)
-    while classes and d.held:
-        cls = classes.pop(0)
-        while True:
-            best = queues.best_head(d, pending, cls)
+    interactive = True  # an interactive head may still fit
+    while d.held:
+        best = queues.best_head(d, pending, ServiceClass.INTERACTIVE) if interactive else None
+        if best is None:
+            interactive = False
+            best = queues.best_head(d, pending, ServiceClass.BATCH)
             if best is None:
                 break
-            turn = d.held[best]
-            replica = choose_replica(d, turn)
-            if replica is None:  # cannot happen while bucket_fits holds; never loop on it
-                raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
-            d.opened.clear()
-            moved, taken = lifecycle.start_turn(d, turn, replica, at)
-            for rid in d.opened:
-                moved += queues.buckets_for_replica(d, rid)
-            pending += [b for b in dict.fromkeys(moved) if b not in pending]
-            if moved and cls is ServiceClass.BATCH and ServiceClass.INTERACTIVE not in classes:
-                classes = [ServiceClass.INTERACTIVE, ServiceClass.BATCH]
-            actions.append(
-                _place_action(d, turn.id, replica, turn.service_class, at - turn.arrived_at)
-            )
-            actions += taken
+        elif shares.past_share(d, d.held[best].model, at):
+            best = _past_share(d, pending, at) or best
+        turn = d.held[best]
+        replica = choose_replica(d, turn)
+        if replica is None:  # cannot happen while bucket_fits holds; never loop on it
+            raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
+        d.opened.clear()
+        moved, taken = lifecycle.start_turn(d, turn, replica, at)
+        for rid in d.opened:
+            moved += queues.buckets_for_replica(d, rid)
+        pending += [b for b in dict.fromkeys(moved) if b not in pending]
+        interactive = interactive or bool(moved)
+        actions.append(_place_action(d, turn.id, replica, turn.service_class, at - turn.arrived_at))
+        actions += taken
     return actions
+
+
+def _past_share(d: Draft, pending: list[Bucket], at: float) -> str | None:
+    """When the best interactive head is of a model past its class's share: the best
+    interactive head of a model within it, else the best batch head (None: neither fits)."""
+    within = [b for b in pending if not shares.past_share(d, b[2], at)]
+    best = queues.best_head(d, within, ServiceClass.INTERACTIVE) if within else None
+    return best or queues.best_head(d, pending, ServiceClass.BATCH)
 
 
 # --- turn ends and stamps ------------------------------------------------------------------

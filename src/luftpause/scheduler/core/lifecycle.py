@@ -8,7 +8,7 @@ moved to; room a change opens on a replica is noted by `placement.set_replica` i
 
 from __future__ import annotations
 
-from luftpause.scheduler.core import counters, expiry, gate, queues, residency, slots
+from luftpause.scheduler.core import counters, expiry, gate, queues, residency, shares, slots
 from luftpause.scheduler.core.cost import prefill
 from luftpause.scheduler.core.counters import holds_headroom
 from luftpause.scheduler.core.events import RunTaken, TurnFinished
@@ -55,6 +55,7 @@ def start_turn(
         prefill_tokens=prefill(d, held, d.runs.get(held.run_id), replica),
     )
     changes = counters.on_place(replica, turn)
+    shares.placed(d, turn, at, 1)
     if slot is not None:
         if save >= 0 or restore >= 0:
             changes.update(slots.keep(replica, save, restore, replica.slot_runs[slot]))
@@ -124,6 +125,7 @@ def end_turn(
     Returns the buckets its run's held turns moved to."""
     d.turns = d.turns.delete(turn.id)
     expiry.unorder_turn(d, turn.order)
+    shares.placed(d, turn, at, -1)
     if turn.windows:
         spent = None if usage is None else (usage.prompt_tokens, usage.completion_tokens)
         gate.settle(d, turn, at, spent, finished=usage is not None)

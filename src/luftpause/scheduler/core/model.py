@@ -10,6 +10,7 @@ events and actions, records have no `slots`: see `evolve`. The state that holds 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -47,6 +48,19 @@ it was expected back."""
 
 NEW_RUN_MAX_HOLD_S = 60.0
 """A new run held this long by the KV rule goes to any replica with room: nothing starves."""
+
+# The `share` rule (`shares`): an interactive run weighs this many batch runs when the two
+# classes share a saturated pool, and the time each class had there fades with SHARE_TAU_S.
+# With weight w, batch keeps at least 1 / (1 + (w - 1) f) of what arrival order would give it,
+# f being interactive's part of the runs that want the pool: at 1.5, nine tenths while
+# interactive runs are a fifth of them or fewer. Interactive runs few beside batch on engines
+# that batch dozens of requests never reach the bound; on 2-slot llama.cpp pools strict
+# priority gave four of them beside 48 batch runs 4-5x a class-blind router's throughput and
+# took 15-35 % of batch's; at 1.5 they get 1.8-1.9x and batch 0.91-0.96x (bench.family, lab).
+INTERACTIVE_WEIGHT = 1.5
+SHARE_TAU_S = 60.0
+# Interactive yields to batch only once it had more than this many turn-seconds beyond its share.
+SHARE_SLACK_S = 1.0
 
 Bucket = tuple[str, str, str]
 """Where a held turn may go: ("r", replica, model) for a run pinned or resident there;
@@ -87,7 +101,10 @@ class Rules:
     - `headroom`: batch leaves a slot on a capped replica for each interactive run paused on a
       tool there (off by default: it cost batch up to a quarter of its throughput on slot-bound
       engines and gave interactive runs nothing that their place in the queue does not, see
-      docs/measurements.md).
+      docs/measurements.md);
+    - `share`: held interactive turns go first while their class has had at most
+      `interactive_weight` times a batch run's share of its model's replicas lately, and after
+      batch beyond it (`shares`); off, interactive always goes first.
     """
 
     affinity: bool = True
@@ -95,10 +112,20 @@ class Rules:
     kv_rule: bool = True
     openings: bool = True
     headroom: bool = False
+    share: bool = True
+    # What one interactive run weighs against one batch run in `share` (> 0).
+    interactive_weight: float = INTERACTIVE_WEIGHT
+
+    def __post_init__(self) -> None:
+        if not self.interactive_weight > 0 or math.isinf(self.interactive_weight):
+            raise ValueError(
+                f"interactive weight must be a positive number, not {self.interactive_weight}"
+            )
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
+        """The rules that can be switched on and off."""
+        return tuple(f.name for f in fields(cls) if f.type in (bool, "bool"))
 
     def switched(self, names: Iterable[str], *, on: bool) -> Rules:
         """These rules with `names` switched on (or off); ValueError for an unknown name."""
@@ -107,7 +134,7 @@ class Rules:
             if name not in values:
                 raise ValueError(f"unknown rule {name!r}; one of {', '.join(values)}")
             values[name] = on
-        return Rules(**values)
+        return Rules(**values, interactive_weight=self.interactive_weight)
 
 
 class ServiceClass(StrEnum):
@@ -419,3 +446,19 @@ class DataplaneLink:
 
     streams: int = 0
     gone_since: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassShare:
+    """One model's pool as the `share` rule sees it (`shares`): the turn-seconds each class had
+    in flight there, fading with SHARE_TAU_S, as of `at`; and (derived) each class's turns in
+    flight and held there now."""
+
+    at: float = 0.0
+    interactive_s: float = 0.0
+    batch_s: float = 0.0
+    # Derived (`shares`): counted from the turns in flight and the held turns.
+    interactive_in_flight: int = 0
+    batch_in_flight: int = 0
+    interactive_held: int = 0
+    batch_held: int = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import immutables
 
+from luftpause.scheduler.core import shares
 from luftpause.scheduler.core.model import Bucket, Chain, HeldTurn, ServiceClass, evolve
 from luftpause.scheduler.core.placement import bucket_fits, waits_for_home
 from luftpause.scheduler.core.state import Draft, View
@@ -75,6 +76,7 @@ def add(d: Draft, turn: HeldTurn) -> None:
     tids = d.held_by_run.get(turn.run_id, ())
     d.held = d.held.set(turn.id, turn)
     d.held_by_run = d.held_by_run.set(turn.run_id, (*tids, turn.id))
+    shares.held(d, turn, 1)
     _push(d, turn)
 
 
@@ -86,6 +88,7 @@ def remove(d: Draft, turn: HeldTurn) -> None:
     elif tids:
         d.held_by_run = d.held_by_run.set(turn.run_id, tuple(t for t in tids if t != turn.id))
     d.held = d.held.delete(turn.id)
+    shares.held(d, turn, -1)
     _unhead(d, turn)
 
 
@@ -116,6 +119,7 @@ def rebuild(d: Draft) -> None:
     d.held_by_run = immutables.Map()
     for h in held:
         add(d, evolve(h, bucket=bucket_of(d, h.run_id, h.model, h.single_pass, h.overdue)))
+    shares.rebuild(d)  # add() counted each held turn again on top of the old counts
 
 
 # --- the queues ----------------------------------------------------------------------------

@@ -94,4 +94,4 @@ def rebuild(d: Draft, at: float) -> None:
     expiry.rebuild(d, at)
     residency.rebuild(d)
     placement.rebuild(d)
-    queues.rebuild(d)
+    queues.rebuild(d)  # and `shares`' counts, which count the held turns too

@@ -19,7 +19,9 @@ each index equals its rebuild):
 - `queues`: the held-turn queues, their heads, the held turns by run;
 - `expiry`: the turn-timeout order, the runs' idle-expiry checks;
 - `residency`: per replica, the resident tokens and new-run flags; the residency checks;
-- `placement`: the replicas with room per (kind, model, class); the open-replica version.
+- `placement`: the replicas with room per (kind, model, class); the open-replica version;
+- `shares`: per model, each class's turns in flight and held (beside the turn-seconds each had
+  lately, a fact the same module keeps).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from luftpause.scheduler.core.model import (
     DATAPLANE_GRACE_S,
     Bucket,
     Chain,
+    ClassShare,
     DataplaneLink,
     HeldTurn,
     Replica,
@@ -86,6 +89,8 @@ class State:
     replies: immutables.Map[tuple[str, str], Replies] = _EMPTY
     # When a turn held for a window fits by refill alone (-1: none): the shell ticks then.
     wake_at: float = -1.0
+    # Per model, how its pool's time split between the classes lately (`shares`).
+    shares: immutables.Map[str, ClassShare] = _EMPTY
     # --- indexes (see the table above for their owners) ---
     caller_in_flight: immutables.Map[str, int] = _EMPTY
     # (bucket, class, caller) -> FIFO (front chain, reversed back chain) of (seq, turn id);
@@ -142,6 +147,7 @@ class Draft:
     budget_held: immutables.Map[str, HeldTurn]
     replies: immutables.Map[tuple[str, str], Replies]
     wake_at: float
+    shares: immutables.Map[str, ClassShare]
     caller_in_flight: immutables.Map[str, int]
     queues: immutables.Map[QueueKey, tuple[Chain, Chain]]
     heads: immutables.Map[HeadKey, immutables.Map[str, tuple[int, str]]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from luftpause.scheduler.core import slots
+from luftpause.scheduler.core import shares, slots
 from luftpause.scheduler.core.budget_status import budgets_view
 from luftpause.scheduler.core.model import Phase, ServiceClass
 from luftpause.scheduler.core.placement import is_open
@@ -106,6 +106,10 @@ def status_view(state: State, now: float) -> dict[str, Any]:
     return {
         # The placement rules in force (`model.Rules`; all but headroom by default).
         "rules": {name: getattr(state.rules, name) for name in state.rules.names()},
+        "interactive_weight": state.rules.interactive_weight,
+        # Per model, interactive's part of its pool's turn-seconds lately, the turn-seconds it
+        # had beyond its weighted share, and whether batch goes first for it (`core.shares`).
+        "shares": {model: _share_view(state, model, now) for model in sorted(state.shares)},
         "replicas": replicas,
         # What the scheduler learned from reported usage (see `core.learned`).
         "learned": {
@@ -138,4 +142,13 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             }
             for dp, link in sorted(state.dataplanes.items())
         ],
+    }
+
+
+def _share_view(state: State, model: str, now: float) -> dict[str, Any]:
+    share = state.shares[model]
+    return {
+        "interactive_part": round(shares.part(share, now), 3),
+        "interactive_owed_s": round(shares.owed(share, state.rules.interactive_weight, now), 3),
+        "past_share": shares.past_share(state, model, now),
     }
