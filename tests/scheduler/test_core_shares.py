@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from prometheus_client import generate_latest
 
+from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.decide import decide
-from luftpause.scheduler.core.events import Admit, Place, TurnFinished
+from luftpause.scheduler.core.events import Admit, Place, ProbeResult, TurnFinished
 from luftpause.scheduler.core.model import INTERACTIVE_WEIGHT, Rules, ServiceClass
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
+from luftpause.scheduler.host import SchedulerHost
+from luftpause.scheduler.main import parse_args, rules_from
 from tests.scheduler.helpers import MODEL, admit, cap, finish, placed, pool
 
 BATCH = ServiceClass.BATCH
@@ -135,3 +139,32 @@ def test_status_shows_each_pools_share() -> None:
 def test_a_weight_that_is_not_a_positive_number_is_refused(weight: float) -> None:
     with pytest.raises(ValueError, match="positive number"):
         Rules(interactive_weight=weight)
+
+
+def test_the_scheduler_exports_each_pools_share() -> None:
+    now = [0.0]
+    host = SchedulerHost(
+        [Endpoint(id="a", url="http://a:1", models=frozenset({MODEL}))], clock=lambda: now[0]
+    )
+    host.apply(ProbeResult(at=0.0, replica_id="a", healthy=True, running=1, waiting=1))
+    host.apply(Admit(at=0.0, turn_id="i0", run_id="ri0", model=MODEL))
+    host.apply(Admit(at=1.0, turn_id="b1", run_id="rb1", model=MODEL, service_class=BATCH))
+    now[0] = 10.0
+    page = generate_latest(host.metrics.registry).decode()
+    assert f'luftpause_interactive_part{{model="{MODEL}"}} 1.0' in page
+    owed = [line for line in page.splitlines() if line.startswith("luftpause_interactive_owed")]
+    assert len(owed) == 1 and float(owed[0].split()[-1]) > 1.0
+
+
+def test_the_interactive_weight_is_an_option_and_a_bad_one_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert rules_from(parse_args(["--interactive-weight", "3"], {})).interactive_weight == 3.0
+    env = {"LUFTPAUSE_INTERACTIVE_WEIGHT": "2.5"}
+    assert rules_from(parse_args([], env)).interactive_weight == 2.5
+    rules = rules_from(parse_args(["--without", "share"], {}))
+    assert not rules.share and rules.interactive_weight == INTERACTIVE_WEIGHT
+    for bad in ("0", "-1", "inf", "lots"):
+        with pytest.raises(SystemExit):
+            parse_args(["--interactive-weight", bad], {})
+        assert "not a positive number" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from luftpause.scheduler.core import shares
 from luftpause.scheduler.core.budget_status import budgets_view
 from luftpause.scheduler.core.events import Place
 from luftpause.scheduler.core.state import State
@@ -69,7 +70,27 @@ class _StateCollector(Collector):
         for (phase, cls), n in sorted(by.items()):
             runs.add_metric([phase, cls], n)
         yield from (held, runs)
+        yield from _shares(state, self._metrics.clock())
         yield from _budgets(state, self._metrics.clock())
+
+
+def _shares(state: State, now: float) -> Iterator[Metric]:
+    """Each model pool's split between the classes (see `core.shares`)."""
+    part = GaugeMetricFamily(
+        "luftpause_interactive_part",
+        "Interactive's part of the pool's turn-seconds in flight lately (fading over 60 s)",
+        labels=["model"],
+    )
+    owed = GaugeMetricFamily(
+        "luftpause_interactive_owed_seconds",
+        "Turn-seconds interactive had beyond its weighted share (past 1: batch goes first)",
+        labels=["model"],
+    )
+    weight = state.rules.interactive_weight
+    for model, share in sorted(state.shares.items()):
+        part.add_metric([model], shares.part(share, now))
+        owed.add_metric([model], shares.owed(share, weight, now))
+    yield from (part, owed)
 
 
 def _budgets(state: State, now: float) -> Iterator[Metric]:
