@@ -18,7 +18,8 @@ from luftpause.common.auth import ANYONE
 from luftpause.runtime import bundle as b
 from luftpause.runtime import machine as m
 from luftpause.runtime.auth import BearerAuth
-from luftpause.runtime.migrate import Forbidden, Migrations
+from luftpause.runtime.errors import Forbidden
+from luftpause.runtime.migrate import Migrations
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server
 from luftpause.testkit.engine.server import RunningServer

@@ -4,16 +4,14 @@ replica and the time held, and why the turn was held."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from luftpause.common import tracing
 from luftpause.common.config import Endpoint
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
@@ -29,18 +27,6 @@ ENDPOINTS = [
     Endpoint(id="gen", url="http://gen:1", models=frozenset({"llm"})),
     Endpoint(id="gen2", url="http://gen2:1", models=frozenset({"llm"})),
 ]
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
-    try:
-        yield exporter
-    finally:
-        tracing.uninstall()
 
 
 def healthy(host: SchedulerHost, *ids: str, running: int | None = None) -> None:
