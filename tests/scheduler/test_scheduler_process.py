@@ -1,4 +1,4 @@
-"""The scheduler as a real process: gRPC Admit/Session/Resync/Status, health, reflection, HTTP.
+"""The scheduler as a real process: gRPC Admit/Report/Resync/Status, health, reflection, HTTP.
 
 Engines are tiny aiohttp servers in the test whose health and reported load we control.
 """
@@ -175,7 +175,7 @@ async def test_capped_replica_holds_turns_until_a_reported_finish_frees_a_slot(
         run_id="r1",
         finished=pb.TurnFinished(finish_reason="tool_calls", tool_calls=True),
     )
-    session = stack.stub.Session()
+    session = stack.stub.Report()
     await session.write(
         pb.DataplaneBatch(items=[pb.DataplaneItem(event=started), pb.DataplaneItem(event=finished)])
     )

@@ -90,7 +90,7 @@ async def test_a_held_session_admission_says_why_and_ends_when_placed(
     served: tuple[SchedulerHost, pb_grpc.SchedulerStub], exported: InMemorySpanExporter
 ) -> None:
     host, stub = served
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp"),))
+    call = stub.Report(metadata=((DATAPLANE_METADATA, "dp"),))
     async with asyncio.timeout(5):
         await call.write(
             pb.DataplaneBatch(items=[pb.DataplaneItem(admit=admit("t1", traceparent=TRACEPARENT))])
@@ -110,7 +110,7 @@ async def test_admissions_dropped_with_their_session_end_their_spans_abandoned(
     served: tuple[SchedulerHost, pb_grpc.SchedulerStub], exported: InMemorySpanExporter
 ) -> None:
     host, stub = served
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp"),))
+    call = stub.Report(metadata=((DATAPLANE_METADATA, "dp"),))
     async with asyncio.timeout(5):
         await call.write(pb.DataplaneBatch(items=[pb.DataplaneItem(admit=admit("t1"))]))
         while "t1" not in host.state.held:
@@ -125,7 +125,7 @@ async def test_a_turn_the_dataplane_placed_itself_is_a_span_that_ends_at_once(
 ) -> None:
     host, stub = served
     healthy(host, "gen")
-    call = stub.Session(metadata=((DATAPLANE_METADATA, "dp"),))
+    call = stub.Report(metadata=((DATAPLANE_METADATA, "dp"),))
     local = admit("t1", placed_replica_id="gen", traceparent=TRACEPARENT)
     async with asyncio.timeout(5):
         await call.write(pb.DataplaneBatch(items=[pb.DataplaneItem(admit=local)]))
