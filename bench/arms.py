@@ -42,6 +42,7 @@ ARMS = (
     "luftpause-nokv",
     "luftpause-nosoft",
     "luftpause-noopenings",
+    "luftpause-noshare",
     "luftpause-headroom",
     "luftpause-noslots",
     "luftpause-nosaves",
@@ -53,6 +54,7 @@ ABLATIONS: dict[str, tuple[str, ...]] = {
     "luftpause-nokv": ("--without", "kv_rule"),
     "luftpause-nosoft": ("--without", "soft_affinity"),
     "luftpause-noopenings": ("--without", "openings"),
+    "luftpause-noshare": ("--without", "share"),
     "luftpause-headroom": ("--with", "headroom"),
 }
 # A router arm whose clients send the engine `priority` of their turn's class in the body, as a

@@ -137,6 +137,7 @@ ABLATIONS = (
     "luftpause-nokv",
     "luftpause-nosoft",
     "luftpause-noopenings",
+    "luftpause-noshare",
     "luftpause-nopriority",
     "luftpause-free",
     "luftpause-headroom",
