@@ -1,7 +1,7 @@
 """Admission round trip over gRPC on loopback: one at a time, and paced at a fixed rate.
 
 Run: `.venv/bin/python -m bench.admit_rtt [--rate 1000] [--seconds 5] [--sequential 2000]`.
-Two arms: admissions on one `Session` stream (what the dataplane does) and one unary `Admit`
+Two arms: admissions on one `Report` stream (what the dataplane does) and one unary `Admit`
 call per turn. Every admitted turn is reported finished on the session right after (not
 timed), so the scheduler's state stays the size of a live pool. The client is Python grpc.aio
 on the same machine: its own cost is inside every number; the scheduler's CPU per admission
@@ -28,14 +28,14 @@ from luftpause.testkit.stack import LocalStack
 
 
 class Admitter:
-    """Admits turns over a unary `Admit` call each, or over one `Session` stream (the
+    """Admits turns over a unary `Admit` call each, or over one `Report` stream (the
     dataplane's way); either way each admitted turn is reported finished on the session."""
 
     def __init__(self, stub: pb_grpc.SchedulerStub, *, unary: bool) -> None:
         self.stub = stub
         self.unary = unary
         self.n = 0
-        self.session = stub.Session()
+        self.session = stub.Report()
         self.waiting: dict[str, asyncio.Future[pb.AdmitReply]] = {}
         # One writer: a gRPC stream takes one write at a time; it sends what queued as one message.
         self.items: asyncio.Queue[pb.DataplaneItem | None] = asyncio.Queue()

@@ -221,22 +221,22 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         else:
             for arm in rotated(list(ARMS), i):
                 arms[arm] = await real_arm(arm, args, workdir)
-        row = {
+        ratio = ratios(arms)
+        row: dict[str, Any] = {
             "name": model.name,
             "family": model.family,
             "style": style,
             "engine": model.describe(),
             "flags": model.flags(),
             "arms": arms,
-            "ratio": {},
+            "ratio": ratio,
         }
-        row["ratio"] = ratios(arms)
         if all("turns_per_min" in arms[arm]["batch"] for arm in ARMS):
             row["ratio_turns"] = ratios(arms, "turns_per_min")
         models.append(row)
         print(
-            f"{model.name} ({style}): interactive {row['ratio']['interactive']}, batch "
-            f"{row['ratio']['batch']}{'  BEHIND' if behind(row['ratio']) else ''}",
+            f"{model.name} ({style}): interactive {ratio['interactive']}, batch "
+            f"{ratio['batch']}{'  BEHIND' if behind(ratio) else ''}",
             flush=True,
         )
         payload = {

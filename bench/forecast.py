@@ -135,7 +135,7 @@ class Stack:
 
 async def start_stack(exits: AsyncExitStack, workdir: Path, s: Scenario) -> Stack:
     """The simulated engines (`--time-scale 20`), scheduler, dataplane and fake-mcp of `s`."""
-    engine_args = ("--time-scale", "20", "--tool-rounds", str(s.tool_rounds))
+    engine_args: tuple[str, ...] = ("--time-scale", "20", "--tool-rounds", str(s.tool_rounds))
     engine_args += ("--reply-tokens", str(s.reply_tokens))
     local = await LocalStack(workdir, engine_args=engine_args).start(exits)
     await local.wait_healthy()

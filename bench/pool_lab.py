@@ -27,6 +27,7 @@ router's code. Results that count come from the real processes (bench.family, be
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import itertools
 import json
@@ -307,7 +308,8 @@ class LuftpauseFront:
         local = choose_open(
             self.open, run=known, fresh=False, load=self.runs.load, opening=keys, memory=self.memory
         )
-        admit = dict(
+        turn.opening = keys
+        admit = Admit(
             at=self.heap.now,
             turn_id=turn.turn_id,
             run_id=turn.run_id,
@@ -318,14 +320,14 @@ class LuftpauseFront:
             prompt_bytes=len(json.dumps(turn.body)),
             opening=keys,
             max_tokens=int(turn.body.get("max_tokens") or 0),
+            placed_on="" if local is None else local.replica_id,
         )
-        turn.opening = keys
         if local is not None:
-            self.apply(Admit(**admit, placed_on=local.replica_id))
+            self.apply(admit)
             self._go(turn, local.replica_id, local.engine_priority(DpClass[turn.cls.upper()]), go)
             return
         self.waiting[turn.turn_id] = (turn, go)
-        self.apply(Admit(**admit))
+        self.apply(admit)
 
     def _go(
         self, turn: Turn, replica: str, prio: int | None, go: Callable[[str, int | None], None]
@@ -446,7 +448,7 @@ class Agents:
             for i in range(n):
                 rng = random.Random(f"{wl.seed}:{cls}:{i}")
                 start = rng.uniform(0.0, wl.tool_s)
-                heap.at(start, lambda c=cls, i=i, r=rng: self._new_run(c, i, r, 1))
+                heap.at(start, functools.partial(self._new_run, cls, i, rng, 1))
 
     def _new_run(self, cls: str, index: int, rng: random.Random, n: int) -> None:
         if self.heap.now >= self.wl.window_s:

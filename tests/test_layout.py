@@ -200,3 +200,46 @@ def test_every_package_says_what_it_is() -> None:
         if path.name == "__init__.py" and not ast.get_docstring(ast.parse(path.read_text()))
     ]
     assert bare == [], f"packages without a docstring: {bare}"
+
+
+SERVICES = ("luftpause.scheduler", "luftpause.dataplane", "luftpause.runtime")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
+
+
+def test_no_service_imports_another() -> None:
+    """The services meet only over the wire (gRPC, HTTP, MCP) and in `luftpause.common`."""
+    crossings = {
+        name: sorted(
+            t for t in imported(name) for other in SERVICES if other != own and _within(t, other)
+        )
+        for own in SERVICES
+        for name in modules()
+        if _within(name, own)
+    }
+    assert {name: ts for name, ts in crossings.items() if ts} == {}
+
+
+# Pure cores: decisions over values. Time arrives in their arguments, never from a clock, and
+# nothing in them awaits or reaches the shell around them.
+PURE_CORES = {"luftpause.scheduler.core": "luftpause.scheduler"}
+IMPURE = ("asyncio", "time", "datetime", "random", "socket", "threading", "grpc", "aiohttp")
+
+
+def test_a_pure_core_imports_no_shell_no_asyncio_and_no_clock() -> None:
+    offenders: dict[str, list[str]] = {}
+    for core, service in PURE_CORES.items():
+        for name in modules():
+            if not _within(name, core):
+                continue
+            bad = [
+                t
+                for t in imported(name)
+                if any(_within(t, m) for m in IMPURE)
+                or (_within(t, service) and not _within(t, core))
+            ]
+            if bad:
+                offenders[name] = sorted(bad)
+    assert offenders == {}

@@ -49,7 +49,7 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         self.admits: list[pb.AdmitRequest] = []
         self.admits_cancelled: list[str] = []
         self.events: list[pb.TurnEvent] = []
-        # Items per Session message, in arrival order.
+        # Items per Report message, in arrival order.
         self.batches: list[int] = []
         self.resyncs: list[pb.ResyncRequest] = []
         self.hold = False
@@ -57,17 +57,17 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         self.release = asyncio.Event()
         self.changes = Changes()
         self._breakers: list[asyncio.Event] = []
-        # Sent first on every Session when set, and pushed to open ones by `set_open`.
+        # Sent first on every Report stream when set, and pushed to open ones by `set_open`.
         self.open: pb.OpenReplicas | None = None
         self._outs: list[asyncio.Queue[pb.PlacementBatch]] = []
 
     def take(self, *run_ids: str) -> None:
-        """Tell every open Session that another dataplane took these runs."""
+        """Tell every open Report stream that another dataplane took these runs."""
         for out in self._outs:
             out.put_nowait(pb.PlacementBatch(taken_runs=run_ids))
 
     def set_open(self, *replicas: pb.OpenReplica) -> None:
-        """Tell every open Session (and later ones) which replicas are open."""
+        """Tell every open Report stream (and later ones) which replicas are open."""
         self.open = pb.OpenReplicas(replicas=replicas)
         for out in self._outs:
             out.put_nowait(pb.PlacementBatch(open=self.open))
@@ -95,7 +95,7 @@ class FakeScheduler(pb_grpc.SchedulerServicer):
         )
         return pb.Placement(turn_id=request.turn_id, placed=reply)
 
-    async def Session(self, request_iterator: Any, context: Any) -> None:
+    async def Report(self, request_iterator: Any, context: Any) -> None:
         """Places each admission at once (or on `release` while `hold`); `fail_admits` breaks
         the stream at the next admissions, as a scheduler going away would."""
         self._record("session")

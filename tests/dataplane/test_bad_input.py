@@ -52,7 +52,12 @@ def test_broken_and_deeply_nested_json_are_bad_requests(raw: bytes) -> None:
 
 
 def test_optional_fields_may_be_null_or_of_the_right_type() -> None:
-    doc = {"model": MODEL, "messages": MESSAGES, "stream": None, "max_tokens": None}
+    doc: dict[str, object] = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "stream": None,
+        "max_tokens": None,
+    }
     assert parse_turn_body(json.dumps(doc).encode())[:2] == (MODEL, MESSAGES)
     doc |= {"stream": True, "max_tokens": 5, "max_completion_tokens": 0, "temperature": "odd"}
     assert parse_turn_body(json.dumps(doc).encode())[:2] == (MODEL, MESSAGES)

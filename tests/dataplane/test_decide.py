@@ -27,10 +27,12 @@ CLASSIFY_REPLY = json.dumps(
 ).encode()
 
 
-def json_reply(doc: Any, status: int = 200, **headers: str) -> MemoryResponse:
+def json_reply(
+    doc: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> MemoryResponse:
     return MemoryResponse(
         status=status,
-        headers=CIMultiDict({"Content-Type": "application/json", **headers}),
+        headers=CIMultiDict({"Content-Type": "application/json", **(headers or {})}),
         chunks=[json.dumps(doc).encode() if not isinstance(doc, bytes) else doc],
     )
 
@@ -63,7 +65,7 @@ async def decide(stack: Stack, body: Any, **headers: str) -> tuple[int, dict[str
 
 
 async def test_classify_goes_single_pass_to_the_replicas_classify_unchanged() -> None:
-    transport = MemoryTransport(lambda *_: json_reply(CLASSIFY_REPLY, **{"x-engine": "e"}))
+    transport = MemoryTransport(lambda *_: json_reply(CLASSIFY_REPLY, headers={"x-engine": "e"}))
     raw = b'{"model": "sim-model",  "input": ["the pager rings"], "truncate_prompt_tokens": 5}'
     async with running_stack(lambda: transport) as stack, asyncio.timeout(10):
         status, headers, data = await decide(
@@ -101,7 +103,7 @@ async def test_unknown_decide_model_is_the_schedulers_404() -> None:
 
 async def test_classify_refusal_is_passed_through_and_fails_the_turn() -> None:
     transport = MemoryTransport(
-        lambda *_: json_reply({"error": "busy"}, status=429, **{"Retry-After": "2"})
+        lambda *_: json_reply({"error": "busy"}, status=429, headers={"Retry-After": "2"})
     )
     async with running_stack(lambda: transport) as stack, asyncio.timeout(10):
         status, headers, data = await decide(stack, {"model": MODEL, "input": "x"})

@@ -1,4 +1,4 @@
-"""The scheduler link: Resync before every Session stream, turns held through outages."""
+"""The scheduler link: Resync before every Report stream, turns held through outages."""
 
 from __future__ import annotations
 

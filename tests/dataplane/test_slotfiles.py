@@ -36,13 +36,13 @@ class GatedEngine:
     async def close(self) -> None:
         return None
 
-    def index(self, *entry: str) -> int:
-        return self.log.index(entry)
+    def index(self, edge: str, action: str, filename: str) -> int:
+        return self.log.index((edge, action, filename))
 
 
 def _turn(
     engine: GatedEngine, order: FileOrder, slot: int, save: str | None, restore: str | None
-) -> asyncio.Task[None]:
+) -> asyncio.Task[dict[str, bool]]:
     return asyncio.create_task(
         prepare_slot(
             engine,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import anthropic
@@ -19,14 +19,16 @@ import pytest
 import pytest_asyncio
 import yaml
 from anthropic import AsyncAnthropic
+from anthropic.types import Message, MessageParam, ToolParam
 from openai import AsyncOpenAI
+from openai.types.responses import FunctionToolParam
 
 from luftpause.testkit.stack import SIM_MODEL, Dataplane, LocalStack
 from luftpause.testkit.status import fetch_status
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-LOOKUP = {
+LOOKUP: ToolParam = {
     "name": "lookup",
     "description": "Look something up.",
     "input_schema": {
@@ -35,7 +37,11 @@ LOOKUP = {
         "required": ["query"],
     },
 }
-FUNCTION = {"type": "function", "name": "lookup", "parameters": LOOKUP["input_schema"]}
+# The SDK's type makes `strict` required; the API does not, and this tool leaves it out as
+# many agents' tools do.
+FUNCTION = cast(
+    FunctionToolParam, {"type": "function", "name": "lookup", "parameters": LOOKUP["input_schema"]}
+)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -77,6 +83,7 @@ async def claude_run(client: AsyncAnthropic, task: str, *, stream: bool) -> list
     each turn, as the dataplane's reply header says."""
     messages: list[Any] = [{"role": "user", "content": task}]
     run_ids = []
+    message: Message
     for _ in range(6):
         if stream:
             async with client.messages.stream(
@@ -183,7 +190,10 @@ async def test_failures_reach_the_anthropic_client_as_its_own_errors(stack: Loca
             )
         with pytest.raises(anthropic.BadRequestError) as bad:
             await client.messages.create(
-                model=SIM_MODEL, max_tokens=10, messages=[{"role": "robot", "content": "x"}]
+                model=SIM_MODEL,
+                max_tokens=10,
+                # Bad input on purpose: a role the API does not have.
+                messages=[cast(MessageParam, {"role": "robot", "content": "x"})],
             )
         await client.close()
     assert missing.value.body == {

@@ -190,8 +190,12 @@ async def test_simulator_answers_malformed_tools_with_a_4xx(
     fuzz_stack: LocalStack, http: aiohttp.ClientSession
 ) -> None:
     url = fuzz_stack.engine_url(0) + "/v1/chat/completions"
+    malformed: object
     for malformed in ({}, [None], [{}], "x"):
-        body = {"model": SIM_MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        body: dict[str, object] = {
+            "model": SIM_MODEL,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
         body["tools"] = malformed
         status, _, _ = await _exchange(http, url, "POST", json.dumps(body).encode(), {})
         assert 400 <= status < 500, malformed

@@ -20,6 +20,7 @@ import openai
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from luftpause.testkit.stack import Dataplane, Endpoint, Launcher, write_endpoints
 from luftpause.testkit.status import fetch_status
@@ -31,8 +32,10 @@ OPENAI_MODEL, ANTHROPIC_MODEL, STATED_MODEL, SURPRISE_MODEL = "oai", "claude", "
 TWIN_MODEL = "twin"
 HOSTED = ("--time-scale", "20", "--reply-tokens", "40", "--rate-limit-charge", "usage")
 # Rate-limited from the start, the limits learned from the first reply's headers.
-LEARN = {"limits": {}}
-HELLO: list[Any] = [{"role": "user", "content": "hello there, how are you today?"}]
+LEARN: dict[str, Any] = {"limits": {}}
+HELLO: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "hello there, how are you today?"}
+]
 
 
 @dataclass
@@ -160,7 +163,8 @@ async def test_anthropic_headers_with_input_and_output_budgets_and_no_turn_is_re
 async def test_a_turn_bigger_than_the_whole_window_is_refused_with_429_and_why(
     stack: Stack,
 ) -> None:
-    huge = [{"role": "user", "content": "word " * 3000}]  # ~15 kB: some 3,750 tokens by size
+    # ~15 kB: some 3,750 tokens by size
+    huge: list[ChatCompletionMessageParam] = [{"role": "user", "content": "word " * 3000}]
     async with asyncio.timeout(30), stack.client() as client:
         with pytest.raises(openai.RateLimitError) as err:
             await client.chat.completions.create(model=STATED_MODEL, messages=huge)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import time
@@ -186,7 +187,7 @@ async def test_cancel_and_approve_on_any_replica_reach_the_replica_driving_the_r
         return bool(reply["runs"][0]["state"] == "AwaitingApproval")
 
     for h in (asked, doomed):
-        await eventually(lambda h=h: waiting(h), bool, f"{h} waiting for approval")
+        await eventually(functools.partial(waiting, h), bool, f"{h} waiting for approval")
     approved = await call(b, "approve", {"handle": asked, "allow": True})
     assert approved == {"handle": asked, "tool": "charge", "allow": True}
     cancelled = await call(c, "cancel", {"handle": doomed})

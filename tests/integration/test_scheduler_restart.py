@@ -117,7 +117,7 @@ async def agents_answered_since(agents: list[Agent], what: str) -> None:
 
 
 async def link_up(stack: LocalStack) -> float:
-    """1 while the dataplane's Session stream to the scheduler is up, else 0."""
+    """1 while the dataplane's Report stream to the scheduler is up, else 0."""
     metrics = await read_metrics(stack.base_url.removesuffix("/v1") + "/metrics")
     return metrics["luftpause_dataplane_scheduler_link_up"]
 

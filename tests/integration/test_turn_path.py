@@ -154,7 +154,7 @@ async def test_fifty_concurrent_runs_finish_without_error(stack: LocalStack) -> 
     async with asyncio.timeout(90):
         results = await asyncio.gather(*(one(i) for i in range(50)))
     assert all(len(f) == 3 and len(set(f)) == 1 for f in results)
-    # The last turn's end reaches the scheduler on the Session stream just after its client
+    # The last turn's end reaches the scheduler on the Report stream just after its client
     # has the whole reply: wait for it rather than race it.
     await stack.until(
         lambda st: st["turns_in_flight"] == 0 and st["held_total"] == 0,

@@ -20,13 +20,14 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import openai
 import pytest
 import pytest_asyncio
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletionMessageParam
 
 from bench.vllm_pool import MODEL, VllmUnavailable, check_built, start_vllm_engines
 from luftpause.scheduler.engine_load import parse_load
@@ -127,10 +128,13 @@ async def test_the_scheduler_reads_a_busy_replicas_load_and_kv_pool_from_vllms_m
 async def test_a_turn_through_the_dataplane_streams_the_tool_call_vllm_parsed(
     stack: Stack,
 ) -> None:
+    # check_prompt() gives the chat messages as plain dicts (they also feed transformers' chat
+    # template): the same messages, as the SDK's type.
+    prompt = cast(list[ChatCompletionMessageParam], check_prompt())
     async with _client(stack) as client:
         stream = await client.chat.completions.create(
             model=MODEL,
-            messages=check_prompt(),  # type: ignore[arg-type]
+            messages=prompt,
             tools=LOOKUP_TOOL,
             max_tokens=40,
             temperature=0.0,

@@ -103,7 +103,9 @@ def test_a_changed_value_is_caught_by_the_checksum() -> None:
         {"records": [{"v": 1, "type": "spawned", "run": "run-1", "spec": {"handle": "x"}}]},
     ],
 )
-def test_a_bundle_whose_records_do_not_resume_what_it_names_is_refused(changes) -> None:
+def test_a_bundle_whose_records_do_not_resume_what_it_names_is_refused(
+    changes: dict[str, Any],
+) -> None:
     """Checksummed correctly, yet not what an export makes: refused all the same."""
     with pytest.raises(b.BundleError) as err:
         b.decode(text(**changes))

@@ -4,6 +4,7 @@ batch of records counts whole or not at all. Pure, no event loop."""
 from __future__ import annotations
 
 import json
+from typing import cast
 
 import pytest
 from hypothesis import given
@@ -105,7 +106,9 @@ def test_a_start_record_whose_spec_names_another_run_is_refused() -> None:
         (2, ["a", "b"], ("a", "b")),
     ],
 )
-def test_instructions_are_none_one_for_all_or_one_each(n, given_, expected) -> None:
+def test_instructions_are_none_one_for_all_or_one_each(
+    n: int, given_: str | list[str] | None, expected: tuple[str | None, ...]
+) -> None:
     assert forks.instructions_for(n, given_) == expected
 
 
@@ -119,9 +122,10 @@ def test_instructions_are_none_one_for_all_or_one_each(n, given_, expected) -> N
         (2, ["a", 3], "strings"),
     ],
 )
-def test_bad_fork_counts_and_instructions_are_refused(n, given_, why) -> None:
+def test_bad_fork_counts_and_instructions_are_refused(n: int, given_: object, why: str) -> None:
     with pytest.raises(ValueError, match=why):
-        forks.instructions_for(n, given_)
+        # Bad input on purpose: a list holding a non-string is what the check must refuse.
+        forks.instructions_for(n, cast("list[str] | None", given_))
 
 
 @given(st.lists(st.integers(min_value=0, max_value=3), max_size=6))

@@ -18,7 +18,8 @@ from luftpause.common.auth import ANYONE
 from luftpause.runtime import bundle as b
 from luftpause.runtime import machine as m
 from luftpause.runtime.auth import BearerAuth
-from luftpause.runtime.migrate import Forbidden, Migrations
+from luftpause.runtime.errors import Forbidden
+from luftpause.runtime.migrate import Migrations
 from luftpause.runtime.runs import Runtime
 from luftpause.runtime.server import build_server
 from luftpause.testkit.engine.server import RunningServer
@@ -71,8 +72,15 @@ async def refused(client: Client, tool: str, args: dict[str, Any]) -> str:
     return message
 
 
+def journal_file(runtime: Runtime) -> Path:
+    """The runtime's journal: a file, for these runtimes."""
+    path = runtime.journal.path
+    assert isinstance(path, Path), "a file journal"
+    return path
+
+
 def journal_of(runtime: Runtime) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in runtime.journal.path.read_text().splitlines()]
+    return [json.loads(line) for line in journal_file(runtime).read_text().splitlines()]
 
 
 async def finished_run(client: Client, **args: Any) -> str:
@@ -180,9 +188,9 @@ async def test_bad_fork_arguments_are_refused_with_nothing_journaled(
 ) -> None:
     async with connect(runtime) as c:
         source = await finished_run(c)
-        before = runtime.journal.path.read_bytes()
+        before = journal_file(runtime).read_bytes()
         assert why in await refused(c, "fork", {"handle": source, **args})
-    assert runtime.journal.path.read_bytes() == before
+    assert journal_file(runtime).read_bytes() == before
 
 
 async def test_a_fork_belongs_to_its_sources_key_which_another_key_may_not_fork(
@@ -265,7 +273,7 @@ async def test_every_bad_bundle_is_refused_with_nothing_journaled(
         good = (await ok(c, "export", {"handle": await finished_run(c)}))["bundle"]
     async with connect(other) as c:
         await ok(c, "status", {})
-        before = other.journal.path.read_bytes()
+        before = journal_file(other).read_bytes()
         messages = {
             k: await refused(c, "import", {"bundle": v}) for k, v in bad_bundles(good).items()
         }
@@ -273,7 +281,7 @@ async def test_every_bad_bundle_is_refused_with_nothing_journaled(
         assert "valid string" in await refused(c, "import", {"bundle": {"format": b.FORMAT}})
     assert "newer" in messages["newer"] and "corrupt" in messages["corrupt"]
     assert "not JSON" in messages["not json"] and "not a luftpause" in messages["not a bundle"]
-    assert other.journal.path.read_bytes() == before and other.runs == {}
+    assert journal_file(other).read_bytes() == before and other.runs == {}
 
 
 # --- the HTTP routes ---

@@ -91,7 +91,7 @@ def seed(state_dir: Path, *, call_seconds: float, answer_seconds: float) -> None
         return {"turns": 1, "promptTokens": 300, "completionTokens": 12, "turnSeconds": seconds}
 
     spec = {"handle": "run-old", "task": "t", "model": MODEL}
-    rounds = [
+    rounds: list[dict[str, Any]] = [
         {
             "v": 1,
             "type": "round",

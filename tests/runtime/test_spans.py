@@ -4,14 +4,11 @@ calls' `execute_tool` spans, its journaled trace context, and the span of a resu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
 from mcp.types import CallToolResult, TextContent, Tool
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanKind
 
@@ -59,18 +56,6 @@ class Lookup:
     async def attempt(self, tool: UpstreamTool, name: str, *_: Any) -> Attempt:
         result = CallToolResult(content=[TextContent(text="found")])
         return Attempt(outcome=Outcome.ANSWERED, result=result)
-
-
-@pytest.fixture
-def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing.install(provider)
-    try:
-        yield exporter
-    finally:
-        tracing.uninstall()
 
 
 def runtime(state_dir: Path) -> Runtime:

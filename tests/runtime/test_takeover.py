@@ -113,7 +113,12 @@ async def test_a_run_whose_lease_was_lost_stops_here_without_journaling(
     async with gated_runtime(tmp_path, model, tools, {"finished"}) as (runtime, store):
         handle, elsewhere = await spawned_and_held(runtime, store)
         await runtime.lost({handle: elsewhere})
-        await until(lambda: runtime.runs[handle].task is None or runtime.runs[handle].task.done())
+
+        def stopped() -> bool:
+            task = runtime.runs[handle].task
+            return task is None or task.done()
+
+        await until(stopped)
         assert not runtime.runs[handle].here
         assert runtime.runs[handle].state == elsewhere
         store.gate.set()

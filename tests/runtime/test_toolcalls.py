@@ -18,15 +18,16 @@ from luftpause.runtime.upstream import Attempt, Upstreams, UpstreamTool
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
-def tool(name: str, **hints: bool) -> UpstreamTool:
-    spec = Tool(name=name, input_schema=SCHEMA, annotations=ToolAnnotations(**hints))
+def tool(name: str, hints: ToolAnnotations | None = None) -> UpstreamTool:
+    annotations = ToolAnnotations() if hints is None else hints
+    spec = Tool(name=name, input_schema=SCHEMA, annotations=annotations)
     return UpstreamTool(server="memory", tool=spec)
 
 
 OFFERED = {
     "charge": tool("charge"),
-    "set_status": tool("set_status", idempotentHint=True),
-    "lookup": tool("lookup", readOnlyHint=True),
+    "set_status": tool("set_status", ToolAnnotations(idempotent_hint=True)),
+    "lookup": tool("lookup", ToolAnnotations(read_only_hint=True)),
 }
 
 

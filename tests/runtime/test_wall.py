@@ -86,9 +86,15 @@ async def walled(
         await llm.close()
 
 
-def spec(**kw: Any) -> m.RunSpec:
-    defaults = {"task": "look up every river", "tools": ("lookup",), "max_tool_calls": CALLS}
-    return m.RunSpec(handle=new_handle(), model=MODEL, **(defaults | {"max_tokens": 64} | kw))
+def spec(task: str = "look up every river") -> m.RunSpec:
+    return m.RunSpec(
+        handle=new_handle(),
+        model=MODEL,
+        task=task,
+        tools=("lookup",),
+        max_tool_calls=CALLS,
+        max_tokens=64,
+    )
 
 
 async def finished(runtime: Runtime, handle: str) -> dict[str, Any]:

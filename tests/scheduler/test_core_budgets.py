@@ -192,7 +192,7 @@ def test_a_429_cools_the_window_down_raises_k_and_the_turn_goes_to_the_other_pro
 
 def test_with_two_providers_turns_go_to_the_one_with_headroom_before_either_refuses() -> None:
     state = start(hosted("a", Limits(tpm=1000)), hosted("b", Limits(tpm=1000)))
-    where = []
+    where: list[str] = []
     for i in range(10):
         state, actions = ask(state, f"t{i}", at=1.0)
         where += placed(actions).values()

@@ -107,12 +107,12 @@ def _check(before: State, state: State, placed: list[Place], at: float) -> None:
         if place.turn_id in before.turns:
             continue  # an admission sent again: the placement it had, nothing new reserved
         wid = before.window_of.get(place.replica_id)
-        window = None if wid is None else before.windows.get(wid)
-        if window is None or not window.levels:
+        prior = None if wid is None else before.windows.get(wid)
+        if wid is None or prior is None or not prior.levels:
             continue
         # What it admitted was available at the moment (refills included) before it did.
         cost = state.windows[wid].pending[place.turn_id].cost
-        level = w.advance(window, at)
+        level = w.advance(prior, at)
         left = w.available(level, "tokens", at)
         assert left is None or left >= min(cost[1], level.levels["tokens"].limit) - 1e-6
 

@@ -123,7 +123,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.heard_open: tuple[str, ...] = ()
 
     @initialize(off=st.sets(st.sampled_from(Rules.names())))
-    def rules(self, off: set[str]) -> None:
+    def switch_rules(self, off: set[str]) -> None:
         """Any set of rules switched off (or `headroom` on): every invariant holds for each."""
         rules = Rules().switched(off, on=False)
         if "headroom" in off:  # off by default: drawing it means on

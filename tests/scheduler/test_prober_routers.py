@@ -324,6 +324,7 @@ async def test_an_anthropic_endpoints_probe_sends_its_key_as_anthropic_wants_it(
 
 def test_the_engines_slot_count_is_read_from_total_slots() -> None:
     assert engine_slots({"total_slots": 4, "model_path": "x"}) == 4
+    bad: object
     for bad in ({}, {"total_slots": "4"}, {"total_slots": 0}, {"total_slots": True}, [], None):
         assert engine_slots(bad) is None
 
@@ -360,6 +361,7 @@ def test_the_most_requests_an_engine_runs_is_read_from_server_info() -> None:
     assert engine_max_running(nested) == 7
     effective = {"internal_states": [{"effective_max_running_requests_per_dp": 64}]}
     assert engine_max_running(effective) == 64
+    bad: object
     for bad in ({}, {"max_running_requests": "48"}, {"internal_states": []}, [], None):
         assert engine_max_running(bad) is None
 

@@ -1,4 +1,4 @@
-"""The gRPC surface in-process: single-pass admission, and Session streams: placements down,
+"""The gRPC surface in-process: single-pass admission, and Report streams: placements down,
 held turns withdrawn or dropped with their stream, the dataplane each names."""
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def event_item(**kwargs: object) -> pb.DataplaneItem:
 
 
 def session(stub: pb_grpc.SchedulerStub) -> Any:
-    """A Session stream of dataplane dp-7."""
-    return stub.Session(metadata=((DATAPLANE_METADATA, "dp-7"),))
+    """A Report stream of dataplane dp-7."""
+    return stub.Report(metadata=((DATAPLANE_METADATA, "dp-7"),))
 
 
 async def send(call: Any, *items: pb.DataplaneItem) -> None:
@@ -240,7 +240,7 @@ async def test_a_run_taken_by_another_dataplane_is_named_to_the_one_that_had_it(
 ) -> None:
     _, stub = served
     first = session(stub)
-    second = stub.Session(metadata=((DATAPLANE_METADATA, "dp-8"),))
+    second = stub.Report(metadata=((DATAPLANE_METADATA, "dp-8"),))
 
     async def next_taken(call: Any) -> list[str]:
         while True:

@@ -1,4 +1,4 @@
-"""The scheduler as a real process: gRPC Admit/Session/Resync/Status, health, reflection, HTTP.
+"""The scheduler as a real process: gRPC Admit/Report/Resync/Status, health, reflection, HTTP.
 
 Engines are tiny aiohttp servers in the test whose health and reported load we control.
 """
@@ -6,9 +6,10 @@ Engines are tiny aiohttp servers in the test whose health and reported load we c
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -58,11 +59,13 @@ class Stack:
     stub: pb_grpc.SchedulerStub
     http: str
 
-    async def status(self) -> dict:  # type: ignore[type-arg]
+    async def status(self) -> dict[str, Any]:
         async with aiohttp.ClientSession() as s, s.get(self.http + "/status") as resp:
-            return await resp.json()  # type: ignore[no-any-return]
+            return await resp.json()
 
-    async def until(self, predicate, timeout: float = 10.0) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    async def until(
+        self, predicate: Callable[[dict[str, Any]], object], timeout: float = 10.0
+    ) -> dict[str, Any]:
         async with asyncio.timeout(timeout):
             while True:
                 st = await self.status()
@@ -175,7 +178,7 @@ async def test_capped_replica_holds_turns_until_a_reported_finish_frees_a_slot(
         run_id="r1",
         finished=pb.TurnFinished(finish_reason="tool_calls", tool_calls=True),
     )
-    session = stack.stub.Session()
+    session = stack.stub.Report()
     await session.write(
         pb.DataplaneBatch(items=[pb.DataplaneItem(event=started), pb.DataplaneItem(event=finished)])
     )

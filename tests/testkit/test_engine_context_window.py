@@ -8,6 +8,10 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionMessageFunctionToolCallParam,
+    ChatCompletionMessageParam,
+)
 
 from luftpause.testkit.engine.main import params_from, parse_args
 from luftpause.testkit.engine.script import is_summary_request, summary_reply
@@ -16,10 +20,10 @@ from tests.testkit.test_engine_server import FAST, engine, openai_client
 SUMMARY_ASK = "Summarize the conversation so far for your own later use. Keep every fact."
 
 
-def conversation(results: int, words: int = 20) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "find the rivers"}]
+def conversation(results: int, words: int = 20) -> list[ChatCompletionMessageParam]:
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "find the rivers"}]
     for i in range(results):
-        call = {
+        call: ChatCompletionMessageFunctionToolCallParam = {
             "id": f"c{i}",
             "type": "function",
             "function": {"name": "lookup", "arguments": "{}"},
@@ -61,7 +65,10 @@ async def test_models_says_the_window_as_vllm_does_only_when_there_is_one() -> N
 
 
 async def test_a_summary_request_gets_notes_of_each_tool_result() -> None:
-    messages = [*conversation(3), {"role": "user", "content": SUMMARY_ASK}]
+    messages: list[ChatCompletionMessageParam] = [
+        *conversation(3),
+        {"role": "user", "content": SUMMARY_ASK},
+    ]
     async with engine(engine=FAST) as server, openai_client(server) as client:
         reply = await client.chat.completions.create(model="m", messages=messages, max_tokens=200)
         log = await _debug(server.url)
@@ -72,8 +79,11 @@ async def test_a_summary_request_gets_notes_of_each_tool_result() -> None:
 
 
 def test_a_summary_is_cut_at_max_tokens_and_an_earlier_summary_is_noted() -> None:
-    earlier = {"role": "user", "content": "[Summary of rounds 1-4 ...]\nRiver 0 is long"}
-    messages = [
+    earlier: ChatCompletionMessageParam = {
+        "role": "user",
+        "content": "[Summary of rounds 1-4 ...]\nRiver 0 is long",
+    }
+    messages: list[ChatCompletionMessageParam] = [
         conversation(0)[0],
         earlier,
         *conversation(5)[1:],

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 from anthropic import AsyncAnthropic, BadRequestError
+from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam, ToolUseBlock
 from openai import AsyncOpenAI
 
 from luftpause.testkit.engine.params import EngineParams, SimParams
@@ -18,7 +19,7 @@ from luftpause.testkit.engine.scripted import parse_script
 from luftpause.testkit.engine.server import RunningServer, serve
 
 FAST = EngineParams(prefill_ms_per_token=0.01, decode_base_ms=1.0, decode_ms_per_seq=0.0)
-LOOKUP = {
+LOOKUP: ToolParam = {
     "name": "lookup",
     "description": "Look something up.",
     "input_schema": {
@@ -41,7 +42,7 @@ async def engine(**kwargs: Any) -> AsyncIterator[RunningServer]:
 async def test_a_messages_turn_with_a_tool_then_its_answer_streamed_and_not() -> None:
     async with engine() as server, asyncio.timeout(20):
         client = AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0)
-        ask: list[Any] = [{"role": "user", "content": "How long is the Loire?"}]
+        ask: list[MessageParam] = [{"role": "user", "content": "How long is the Loire?"}]
         async with client.messages.stream(
             model="m", max_tokens=200, messages=ask, tools=[LOOKUP]
         ) as stream:
@@ -50,7 +51,11 @@ async def test_a_messages_turn_with_a_tool_then_its_answer_streamed_and_not() ->
         call = first.content[0]
         assert call.name == "lookup" and isinstance(call.input, dict) and call.input["query"]
         assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0
-        result = {"type": "tool_result", "tool_use_id": call.id, "content": "1,012 km"}
+        result: ToolResultBlockParam = {
+            "type": "tool_result",
+            "tool_use_id": call.id,
+            "content": "1,012 km",
+        }
         done = await client.messages.create(
             model="m",
             max_tokens=200,
@@ -131,7 +136,7 @@ async def test_a_script_set_while_running_answers_the_requests_offering_its_tool
         async with http.post(server.url + "/debug/script", json={"replies": 3}) as resp:
             assert resp.status == 400  # a bad script leaves the one set
         client = AsyncAnthropic(base_url=server.url, api_key="x", max_retries=0)
-        ask: list[Any] = [{"role": "user", "content": "Rivers?"}]
+        ask: list[MessageParam] = [{"role": "user", "content": "Rivers?"}]
         first = await client.messages.create(
             model="m", max_tokens=300, messages=ask, tools=[LOOKUP]
         )
@@ -139,11 +144,12 @@ async def test_a_script_set_while_running_answers_the_requests_offering_its_tool
             ("tool_use", {"query": "Loire"}),
             ("tool_use", {"query": "Rhine"}),
         ]
-        results = [
+        uses = [b for b in first.content if isinstance(b, ToolUseBlock)]
+        results: list[ToolResultBlockParam] = [
             {"type": "tool_result", "tool_use_id": b.id, "content": json.dumps({"km": km})}
-            for b, km in zip(first.content, (1012, 1233), strict=True)
+            for b, km in zip(uses, (1012, 1233), strict=True)
         ]
-        messages: Any = [
+        messages: list[MessageParam] = [
             *ask,
             {"role": "assistant", "content": first.content},
             {"role": "user", "content": results},

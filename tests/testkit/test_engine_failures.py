@@ -126,8 +126,13 @@ async def test_a_plain_reply_cut_midstream_breaks_off_inside_its_body() -> None:
 
 
 def test_malformed_tools_are_a_400_not_a_crash() -> None:
+    tools: object
     for tools in ([None], {}, [{}], "x", [{"function": "f"}]):
-        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+        body: dict[str, object] = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": tools,
+        }
         with pytest.raises(HttpError) as err:
             parse_chat(body, {}, SimParams())
         assert err.value.status == 400

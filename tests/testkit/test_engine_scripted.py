@@ -45,8 +45,12 @@ def test_the_first_turn_gets_the_first_reply_with_all_its_calls() -> None:
 
 
 def test_the_next_turn_collects_the_handles_from_the_results_the_harness_wrapped() -> None:
-    spawned = {"role": "assistant", "content": None, "tool_calls": [{"id": "a"}, {"id": "b"}]}
-    results = [
+    spawned: dict[str, Any] = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "a"}, {"id": "b"}],
+    }
+    results: list[dict[str, Any]] = [
         {"role": "tool", "tool_call_id": "a", "content": 'Output:\n{"handle": "run-1"}'},
         {
             "role": "tool",
@@ -60,9 +64,13 @@ def test_the_next_turn_collects_the_handles_from_the_results_the_harness_wrapped
 
 
 def test_the_last_turn_writes_the_collected_results_into_its_text() -> None:
-    turn = {"role": "assistant", "content": None}
+    turn: dict[str, Any] = {"role": "assistant", "content": None}
     awaited = json.dumps({"runs": [{"result": "1,012 km"}, {"result": "1,233 km"}]})
-    messages = [turn, turn, {"role": "tool", "tool_call_id": "x", "content": awaited}]
+    messages: list[dict[str, Any]] = [
+        turn,
+        turn,
+        {"role": "tool", "tool_call_id": "x", "content": awaited},
+    ]
     reply = parse_script(SCRIPT).reply(request(*messages), max_tokens=500, new_id=ids())
     assert reply is not None and reply.content == "Found: 1,012 km; 1,233 km"
     assert reply.finish_reason == "stop"

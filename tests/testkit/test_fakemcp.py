@@ -10,12 +10,13 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
 from mcp import Client
 from mcp.types import TextContent
+from mcp_types import RequestParamsMeta
 
 from luftpause.runtime import resend
 from luftpause.testkit.fakemcp.core import (
@@ -306,15 +307,21 @@ async def test_stats_count_the_calls_to_each_tool(fake_mcp: FakeMcp) -> None:
     assert set(body["in_flight"].values()) == {0}
 
 
+def keyed(key: str) -> RequestParamsMeta:
+    """A call's `_meta` with its idempotency key. The type is an open map (PEP 728
+    `extra_items`), which mypy does not model: it would refuse the extra key."""
+    return cast(RequestParamsMeta, {KEY: key})
+
+
 async def test_a_charge_repeated_with_its_idempotency_key_is_executed_once(
     fake_mcp: FakeMcp,
 ) -> None:
     args = {"account": "acme", "cents": 5}
     async with asyncio.timeout(CALL_TIMEOUT):
         async with Client(fake_mcp.mcp_url) as client:
-            first = await client.call_tool("charge", args, meta={KEY: "run-1/c1"})
-            again = await client.call_tool("charge", args, meta={KEY: "run-1/c1"})
-            other = await client.call_tool("charge", args, meta={KEY: "run-1/c2"})
+            first = await client.call_tool("charge", args, meta=keyed("run-1/c1"))
+            again = await client.call_tool("charge", args, meta=keyed("run-1/c1"))
+            other = await client.call_tool("charge", args, meta=keyed("run-1/c2"))
             bare = await client.call_tool("charge", args)
         _, body = await _get(f"{fake_mcp.base_url}/stats")
     assert _text(first) == _text(again) == "charged 5 cents to acme: receipt 0"

@@ -170,8 +170,8 @@ async def test_a_text_style_conversation_gets_k_calls_then_an_answer_with_its_hi
             resp = await client.chat.completions.create(
                 model="m", messages=messages, extra_headers=TEXT
             )
-            assert resp.usage is not None and resp.usage.prompt_tokens_details is not None
             use = resp.usage
+            assert use is not None and use.prompt_tokens_details is not None
             seen.append(
                 (
                     use.prompt_tokens,

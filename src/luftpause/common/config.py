@@ -131,7 +131,6 @@ standard `SSL_CERT_FILE` (or `SSL_CERT_DIR`) environment variable, read when the
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -139,8 +138,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
+from luftpause.common.files import load_structured
 from luftpause.common.limits import Limits, LimitsError, parse_limits
 
 
@@ -407,13 +405,4 @@ def parse_config(raw: Any) -> Config:
 
 def load_config(path: str | Path) -> Config:
     """Read and validate a YAML or TOML endpoint file."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc}") from exc
-    try:
-        raw = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot parse config {p}: {exc}") from exc
-    return parse_config(raw)
+    return parse_config(load_structured(path, "config", ConfigError))

@@ -33,14 +33,14 @@ import hmac
 import os
 import re
 import time
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
-import yaml
+
+from luftpause.common.files import load_structured
 
 CLASSES = ("interactive", "batch")
 NAME_MAX_BYTES = 64
@@ -192,14 +192,7 @@ def parse_keys(raw: Any) -> Keys:
 def load_keys(path: str | Path) -> Keys:
     """Read and validate a YAML or TOML keys file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise KeysError(f"cannot read keys file {p}: {exc}") from exc
-    try:
-        raw = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise KeysError(f"cannot parse keys file {p}: {exc}") from exc
+    raw = load_structured(p, "keys file", KeysError)
     try:
         return parse_keys(raw)
     except KeysError as exc:

@@ -66,7 +66,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Readiness: 503 until the first Session to the scheduler is up, then 200, saying in its
+    """Readiness: 503 until the first Report stream to the scheduler is up, then 200, saying in its
     body whether the scheduler is reachable now.
 
     Once it has reached its scheduler, a dataplane holds turns through the scheduler's later

@@ -1,4 +1,4 @@
-"""The dataplane's connection to the scheduler: the Session stream, Resync, ListModels.
+"""The dataplane's connection to the scheduler: the Report stream, Resync, ListModels.
 
 Shell module: owns the gRPC channel and one background task; maps gRPC errors to
 `errors` at this boundary.
@@ -7,7 +7,7 @@ Theory of operation
 -------------------
 One background task keeps a *session* up. A session is: snapshot the run table and drop every
 item still queued (the snapshot supersedes them), send `Resync` with the snapshot, open the
-bidirectional `Session` call, queue every admission still waiting (in arrival order), mark the
+bidirectional `Report` call, queue every admission still waiting (in arrival order), mark the
 link ready, then write queued items to it in order until it breaks, while a reader resolves the
 placements that come back. Items that queued while a write was in flight go out together as one
 message. A break is the call ending or a failed write or read. After a break the link is not
@@ -57,11 +57,11 @@ from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
 
 RECONNECT_SECONDS = 1.0
-# The scheduler releases a dataplane's turns once all its Session streams are gone a while.
+# The scheduler releases a dataplane's turns once all its Report streams are gone a while.
 DATAPLANE_METADATA = "x-luftpause-dataplane"
 RPC_TIMEOUT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 2.0
-# Items per Session message at most; a message stays far below gRPC's 4 MiB default limit.
+# Items per Report message at most; a message stays far below gRPC's 4 MiB default limit.
 MAX_ITEMS_PER_WRITE = 512
 # How long an event that changes no decision may wait for company before it is sent alone.
 LAZY_FLUSH_SECONDS = 0.5
@@ -82,7 +82,7 @@ _CHANNEL_OPTIONS = [
 
 log = structlog.get_logger("luftpause.dataplane.link")
 
-_SessionCall: TypeAlias = "grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.PlacementBatch]"
+_ReportCall: TypeAlias = "grpc.aio.StreamStreamCall[pb.DataplaneBatch, pb.PlacementBatch]"
 
 
 class SchedulerLink:
@@ -118,7 +118,7 @@ class SchedulerLink:
 
     @property
     def ready(self) -> bool:
-        """True while a session is up (resynced, Session open)."""
+        """True while a session is up (resynced, Report open)."""
         return self._ready.is_set()
 
     @property
@@ -128,7 +128,7 @@ class SchedulerLink:
 
     @property
     def sessions(self) -> int:
-        """Sessions that came up since this link started (the metrics' reconnects)."""
+        """Report streams that came up since this link started (the metrics' reconnects)."""
         return self._sessions
 
     async def wait_ready(self) -> None:
@@ -262,7 +262,7 @@ class SchedulerLink:
         reply = await stub.Resync(
             wire.resync_request(snapshot, self.dataplane_id), timeout=RPC_TIMEOUT_SECONDS
         )
-        call = stub.Session(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
+        call = stub.Report(metadata=((DATAPLANE_METADATA, self.dataplane_id),))
         try:
             await call.wait_for_connection()
             for request, _ in self._waiting.values():
@@ -285,7 +285,7 @@ class SchedulerLink:
             if self._waiting and not self._closing:
                 log.warning("scheduler link down: holding turns", held=len(self._waiting))
 
-    async def _until_broken(self, call: _SessionCall) -> None:
+    async def _until_broken(self, call: _ReportCall) -> None:
         tasks = {
             asyncio.create_task(self._pump(call)),
             asyncio.create_task(self._read(call)),
@@ -299,7 +299,7 @@ class SchedulerLink:
         for task in done:
             task.result()
 
-    async def _pump(self, call: _SessionCall) -> None:
+    async def _pump(self, call: _ReportCall) -> None:
         queue = self._queue
         while True:
             item = await queue.get()
@@ -319,7 +319,7 @@ class SchedulerLink:
                 await call.done_writing()
                 await asyncio.Event().wait()  # the session ends when the reader sees the end
 
-    async def _read(self, call: _SessionCall) -> None:
+    async def _read(self, call: _ReportCall) -> None:
         async for batch in call:
             if batch.HasField("open"):
                 self._set_open(wire.open_replicas(batch.open))
@@ -328,7 +328,7 @@ class SchedulerLink:
             for placement in batch.placements:
                 self._resolve(placement)
         if not self._closing:
-            log.warning("scheduler ended the Session stream")
+            log.warning("scheduler ended the Report stream")
 
     def _resolve(self, placement: pb.Placement) -> None:
         entry = self._waiting.get(placement.turn_id)

@@ -3,7 +3,7 @@
 Pure module: no I/O. The scheduler tells each dataplane which replicas are *open*: healthy,
 generative, and their engine reports no waiting queue, so every turn fits there and the
 scheduler's own rule comes down to affinity, then load. The dataplane applies that rule itself
-to the runs whose history it holds, and reports the placement on its Session stream; every other
+to the runs whose history it holds, and reports the placement on its Report stream; every other
 turn waits for the scheduler as before:
 
 - a run this dataplane started with this turn (no run id from the client, no echoed tool call
@@ -19,7 +19,7 @@ turn waits for the scheduler as before:
   since another dataplane may hold it.
 
 A run whose turn then comes through another dataplane is named to this one (`taken_runs` on
-the Session stream), which drops it from its run table, so its next turn here is asked for.
+the Report stream), which drops it from its run table, so its next turn here is asked for.
 What the rule cannot see is a turn that crosses that notice: if this dataplane places a run it
 still believes its own while another dataplane's turn of it is being placed, the scheduler
 records whichever placement comes last, as a move.

@@ -72,13 +72,13 @@ class _StateCollector(Collector):
         link = self._metrics.link
         yield GaugeMetricFamily(
             "luftpause_dataplane_scheduler_link_up",
-            "1 while the Session stream to the scheduler is up (resynced), 0 while it is down "
+            "1 while the Report stream to the scheduler is up (resynced), 0 while it is down "
             "and turns that need the scheduler are held.",
             value=1 if link is not None and link.ready else 0,
         )
         yield CounterMetricFamily(
             "luftpause_dataplane_scheduler_reconnects",
-            "Sessions to the scheduler opened again after a break (the first one not counted).",
+            "Report streams to the scheduler opened again after a break (the first not counted).",
             value=0 if link is None else max(link.sessions - 1, 0),
         )
         yield from self._rate_limits()

@@ -2,7 +2,7 @@
 
 Shell module. One dataplane is one event loop, so it uses one core; a pod or host with more
 cores runs several. Each worker is a whole dataplane (`luftpause dataplane --workers 1`) with
-its own id (`<id>-<k>`) and its own Session to the scheduler, bound with SO_REUSEPORT to the
+its own id (`<id>-<k>`) and its own Report stream to the scheduler, bound with SO_REUSEPORT to the
 same address, so the kernel spreads incoming connections over them. A run's turns may then
 arrive at different workers; the scheduler tracks each worker as a dataplane of its own and
 tells one that lost a run to another (`RunTaken`), as with several dataplanes behind a load

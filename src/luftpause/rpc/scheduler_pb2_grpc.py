@@ -39,8 +39,8 @@ class SchedulerStub:
                 request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitRequest.SerializeToString,
                 response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitReply.FromString,
                 _registered_method=True)
-        self.Session = channel.stream_stream(
-                '/luftpause.v1.Scheduler/Session',
+        self.Report = channel.stream_stream(
+                '/luftpause.v1.Scheduler/Report',
                 request_serializer=luftpause_dot_rpc_dot_scheduler__pb2.DataplaneBatch.SerializeToString,
                 response_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.PlacementBatch.FromString,
                 _registered_method=True)
@@ -77,7 +77,7 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def Session(self, request_iterator, context):
+    def Report(self, request_iterator, context):
         """A dataplane's admissions and turn events up, placements down (see the top of this file).
         The dataplane names itself in the `x-luftpause-dataplane` metadata; once all its streams
         have been closed for the grace period (30 s by default), its turns in flight are released.
@@ -87,7 +87,7 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Resync(self, request, context):
-        """Everything one dataplane knows, sent before its Session stream (re)opens.
+        """Everything one dataplane knows, sent before its Report stream (re)opens.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,8 +122,8 @@ def add_SchedulerServicer_to_server(servicer, server):
                     request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitRequest.FromString,
                     response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.AdmitReply.SerializeToString,
             ),
-            'Session': grpc.stream_stream_rpc_method_handler(
-                    servicer.Session,
+            'Report': grpc.stream_stream_rpc_method_handler(
+                    servicer.Report,
                     request_deserializer=luftpause_dot_rpc_dot_scheduler__pb2.DataplaneBatch.FromString,
                     response_serializer=luftpause_dot_rpc_dot_scheduler__pb2.PlacementBatch.SerializeToString,
             ),
@@ -186,7 +186,7 @@ class Scheduler:
             _registered_method=True)
 
     @staticmethod
-    def Session(request_iterator,
+    def Report(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -199,7 +199,7 @@ class Scheduler:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/luftpause.v1.Scheduler/Session',
+            '/luftpause.v1.Scheduler/Report',
             luftpause_dot_rpc_dot_scheduler__pb2.DataplaneBatch.SerializeToString,
             luftpause_dot_rpc_dot_scheduler__pb2.PlacementBatch.FromString,
             options,

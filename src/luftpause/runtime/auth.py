@@ -12,6 +12,7 @@ it. CORS for `/status` (its preflight included) is `cors`'s, outside this wrappe
 from __future__ import annotations
 
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 from luftpause.common.auth import (
@@ -27,7 +28,7 @@ from luftpause.common.keys import KeysFile
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 SCOPE_KEY = "luftpause.identity"
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]
 Receive = Any
 Send = Any
 App = Any

@@ -33,20 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from luftpause.runtime import forks, journal
-from luftpause.runtime.errors import RequestError
+from luftpause.runtime.errors import BundleError
 
 FORMAT = "luftpause-run-bundle"
 VERSION = 1
 CHECKSUM = "sha256"
 MAX_BYTES = 64 * 1024 * 1024  # larger bundles are refused before they are parsed
-
-
-class BundleError(RequestError):
-    """A bundle `import` refuses; `code` says why (see the module docstring)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

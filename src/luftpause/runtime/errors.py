@@ -7,7 +7,10 @@ Pure module. Tree::
     │   └── ContextOverflow      the engine said the prompt does not fit its context window
     └── RequestError             a tool call to the runtime was refused: malformed (unknown
         │                        handle, ...), or
-        └── JournalUnwritable    the journal cannot be written now, so no run may begin (retry)
+        ├── JournalUnwritable    the journal cannot be written now, so no run may begin (retry)
+        ├── NoRun                no such run (fork, export)
+        ├── Forbidden            the caller's key may not touch the run (`owners`)
+        └── BundleError          a bundle `import` refuses; its code says why (`bundle`)
 """
 
 from __future__ import annotations
@@ -50,3 +53,21 @@ class JournalUnwritable(RequestError):
 
     code = "journal_unwritable"
     retryable = True
+
+
+class NoRun(RequestError):
+    code = "no_run"
+
+
+class Forbidden(RequestError):
+    """The request's key may not touch the run (`owners`)."""
+
+    code = "forbidden"
+
+
+class BundleError(RequestError):
+    """A bundle `import` refuses; `code` says why (see `bundle`'s docstring)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code

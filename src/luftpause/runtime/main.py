@@ -277,114 +277,133 @@ async def serve(
     keys: KeysFile | None = None,
     prices: PriceTable | None = None,
 ) -> None:
-    """Replay the journal, resume runs, serve until `stop` is set, then stop the runs."""
-    # Bind first, so a taken port is an OSError (one clear line from run_async) before anything
-    # starts, not uvicorn's sys.exit from inside a task.
-    sock = socket.create_server((config.host, config.port))
-    upstreams = Upstreams(list(config.mcp_servers), list(config.mcp_stdio))
-    upstreams.start()
-    token = token_from_env(os.environ)
-    if token is None and keys is None:
-        log.warning(f"auth is off: {TOKEN_ENV} is not set, every MCP client is accepted")
-    bearer = token_from_env(os.environ, RUNTIME_KEY_ENV) or token
-    if keys is not None and bearer is None:
-        log.warning(f"keys without {RUNTIME_KEY_ENV} or {TOKEN_ENV}: turns carry no bearer")
-    llm = Llm(
-        config.dataplane,
-        timeout=config.turn_timeout,
-        token=bearer.decode() if bearer else None,
-    )
-    metrics = RuntimeMetrics()
-    observe = metrics.journal_append.observe
-    failed = metrics.journal_failed
-    windows = wall.Windows(llm, config.context_windows)
-    sight = outlook.Outlook(
-        prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
-    )
-    attention = questions.Questions(
-        config.approvals_per_hour,
-        on_asked=metrics.asked,
-        journal_file=JournalFile(
-            config.state_dir, questions.ATTENTION_NAME, observe=observe, on_failure=failed
-        ),
-    )
-    attention.resume()
-    db: Database | None = None
-    runs_journal: Store = JournalFile(config.state_dir, observe=observe, on_failure=failed)
-    task_file: Store = JournalFile(
-        config.state_dir, TASKS_NAME, observe=observe, on_failure=failed, key=retention.task_of
-    )
-    if config.journal is not None:
-        db = Database(
-            config.journal,
-            config.replica,
-            lease_seconds=config.lease_seconds,
-            observe=observe,
-            on_failure=failed,
+    """Replay the journal, resume runs, serve until `stop` is set, then stop the runs. What it
+    opened before serving (the socket, the upstreams, the model client, the journals, the
+    database) is closed again if a later step of the start fails."""
+    opened = contextlib.AsyncExitStack()
+    try:
+        # Bind first, so a taken port is an OSError (one clear line from run_async) before anything
+        # starts, not uvicorn's sys.exit from inside a task.
+        sock = socket.create_server((config.host, config.port))
+        opened.callback(sock.close)
+        upstreams = Upstreams(list(config.mcp_servers), list(config.mcp_stdio))
+        upstreams.start()
+        opened.push_async_callback(upstreams.close)
+        token = token_from_env(os.environ)
+        if token is None and keys is None:
+            log.warning(f"auth is off: {TOKEN_ENV} is not set, every MCP client is accepted")
+        bearer = token_from_env(os.environ, RUNTIME_KEY_ENV) or token
+        if keys is not None and bearer is None:
+            log.warning(f"keys without {RUNTIME_KEY_ENV} or {TOKEN_ENV}: turns carry no bearer")
+        llm = Llm(
+            config.dataplane,
+            timeout=config.turn_timeout,
+            token=bearer.decode() if bearer else None,
         )
-        log.info("runtime.journal", database=journal_pg.redacted(config.journal),
-                 replica=config.replica)  # fmt: skip
-        await db.connect()
-        await db.hold_name(wait=2 * config.lease_seconds)
-        runs_journal, task_file = PgJournal(db), PgJournal(db, journal_pg.TASKS)
-        await runs_journal.load()
-        await task_file.load()
-    runtime = Runtime(
-        runs_journal,
-        llm,
-        upstreams,
-        metrics=metrics,
-        outlook=sight,
-        questions=attention,
-        tool_timeout=config.tool_timeout,
-        wall=wall.ContextWall(
+        opened.push_async_callback(llm.close)
+        metrics = RuntimeMetrics()
+        observe = metrics.journal_append.observe
+        failed = metrics.journal_failed
+        windows = wall.Windows(llm, config.context_windows)
+        sight = outlook.Outlook(
+            prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
+        )
+        opened.push_async_callback(sight.close)
+        attention = questions.Questions(
+            config.approvals_per_hour,
+            on_asked=metrics.asked,
+            journal_file=JournalFile(
+                config.state_dir, questions.ATTENTION_NAME, observe=observe, on_failure=failed
+            ),
+        )
+        if attention.journal is not None:
+            opened.callback(attention.journal.close)
+        attention.resume()
+        db: Database | None = None
+        runs_journal: Store = JournalFile(config.state_dir, observe=observe, on_failure=failed)
+        task_file: Store = JournalFile(
+            config.state_dir, TASKS_NAME, observe=observe, on_failure=failed, key=retention.task_of
+        )
+        if config.journal is not None:
+            db = Database(
+                config.journal,
+                config.replica,
+                lease_seconds=config.lease_seconds,
+                observe=observe,
+                on_failure=failed,
+            )
+            opened.push_async_callback(db.close)
+            log.info("runtime.journal", database=journal_pg.redacted(config.journal),
+                     replica=config.replica)  # fmt: skip
+            await db.connect()
+            await db.hold_name(wait=2 * config.lease_seconds)
+            runs_journal, task_file = PgJournal(db), PgJournal(db, journal_pg.TASKS)
+            await runs_journal.load()
+            await task_file.load()
+        runtime = Runtime(
+            runs_journal,
             llm,
-            windows,
-            keep_rounds=config.keep_rounds,
-            summary_tokens=config.summary_tokens,
-            on_compacted=metrics.compacted,
-        ),
-    )
-    resumed = runtime.resume(drive=db is None)
-
-    async def spawn(args: dict[str, Any], caller: str, identity: Identity) -> str:
-        spec = spec_from(spawn_args(args), caller, config.model)
-        return await spawn_owned(runtime, spec, identity, keys)
-
-    tasks = TasksExtension(runtime, task_file, spawn, shared=db is not None)
-    await tasks.resume()
-    fleet: Fleet | None = None
-    if db is not None:
-        assert isinstance(runs_journal, PgJournal) and isinstance(task_file, PgJournal)
-        fleet = Fleet(db, runtime, runs_journal, tasks=task_file, observe_task=tasks.observe)
-        fleet.start()
-    readiness = DataplaneReadiness(config.dataplane)
-
-    async def ready() -> Verdict:
-        if db is not None and (down := await db.ping()) is not None:
-            return Verdict(ready=False, message=down, at=0.0)
-        return await readiness.check()
-
-    server_ = build_server(
-        runtime,
-        default_model=config.model,
-        decide_model=config.decide_model,
-        extensions=[tasks],
-        readiness=ready,
-        keys=keys,
-    )
-    mcp_app = server_.streamable_http_app(streamable_http_path="/mcp", host=config.host)
-    app = StatusCors(BearerAuth(mcp_app, token, keys), config.cors_origins)
-    server = _Uvicorn(
-        uvicorn.Config(
-            spans.TraceHeaders(app) if tracing.enabled() else app,
-            host=config.host,
-            port=config.port,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=_SHUTDOWN_GRACE_SECONDS,
+            upstreams,
+            metrics=metrics,
+            outlook=sight,
+            questions=attention,
+            tool_timeout=config.tool_timeout,
+            wall=wall.ContextWall(
+                llm,
+                windows,
+                keep_rounds=config.keep_rounds,
+                summary_tokens=config.summary_tokens,
+                on_compacted=metrics.compacted,
+            ),
         )
-    )
+        opened.push_async_callback(runtime.stop, config.stop_grace)
+        resumed = runtime.resume(drive=db is None)
+
+        async def spawn(args: dict[str, Any], caller: str, identity: Identity) -> str:
+            spec = spec_from(spawn_args(args), caller, config.model)
+            return await spawn_owned(runtime, spec, identity, keys)
+
+        tasks = TasksExtension(runtime, task_file, spawn, shared=db is not None)
+        opened.callback(tasks.close)
+        await tasks.resume()
+        fleet: Fleet | None = None
+        if db is not None:
+            assert isinstance(runs_journal, PgJournal) and isinstance(task_file, PgJournal)
+            fleet = Fleet(db, runtime, runs_journal, tasks=task_file, observe_task=tasks.observe)
+            fleet.start()
+            opened.push_async_callback(fleet.close)
+        readiness = DataplaneReadiness(config.dataplane)
+        opened.push_async_callback(readiness.close)
+
+        async def ready() -> Verdict:
+            if db is not None and (down := await db.ping()) is not None:
+                return Verdict(ready=False, message=down, at=0.0)
+            return await readiness.check()
+
+        server_ = build_server(
+            runtime,
+            default_model=config.model,
+            decide_model=config.decide_model,
+            extensions=[tasks],
+            readiness=ready,
+            keys=keys,
+        )
+        mcp_app = server_.streamable_http_app(streamable_http_path="/mcp", host=config.host)
+        app = StatusCors(BearerAuth(mcp_app, token, keys), config.cors_origins)
+        server = _Uvicorn(
+            uvicorn.Config(
+                spans.TraceHeaders(app) if tracing.enabled() else app,
+                host=config.host,
+                port=config.port,
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=_SHUTDOWN_GRACE_SECONDS,
+            )
+        )
+    except BaseException:
+        await opened.aclose()
+        raise
+    opened.pop_all()  # serving: the shutdown below closes everything, in its order
     log.info("runtime.starting", url=f"http://{config.host}:{config.port}/mcp", resumed=resumed)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     stopping = asyncio.create_task(stop.wait())

@@ -23,24 +23,14 @@ from luftpause.common.auth import Identity
 from luftpause.common.keys import KeysFile
 from luftpause.runtime import budget, forks, journal
 from luftpause.runtime import machine as m
-from luftpause.runtime.bundle import Bundle, BundleError, decode, make
-from luftpause.runtime.errors import RequestError
+from luftpause.runtime.bundle import Bundle, decode, make
+from luftpause.runtime.errors import BundleError, Forbidden, NoRun, RequestError
 from luftpause.runtime.owners import owned
 from luftpause.runtime.runs import Runtime, new_handle
 
 _READ_CHUNK = 1 << 16
 
 log = structlog.get_logger(service="runtime")
-
-
-class NoRun(RequestError):
-    code = "no_run"
-
-
-class Forbidden(RequestError):
-    """The request's key may not touch the run (`owners`)."""
-
-    code = "forbidden"
 
 
 class Migrations:

@@ -28,10 +28,10 @@ from starlette.responses import JSONResponse, Response
 from luftpause.common.auth import Identity
 from luftpause.runtime.arguments import Count, Seconds
 from luftpause.runtime.auth import identity_of
-from luftpause.runtime.bundle import MAX_BYTES, BundleError, encode
-from luftpause.runtime.errors import JournalUnwritable, RequestError
+from luftpause.runtime.bundle import MAX_BYTES, encode
+from luftpause.runtime.errors import BundleError, Forbidden, JournalUnwritable, NoRun, RequestError
 from luftpause.runtime.forks import MAX_FORKS
-from luftpause.runtime.migrate import Forbidden, Migrations, NoRun
+from luftpause.runtime.migrate import Migrations
 
 Forks = Annotated[int, Field(ge=1, le=MAX_FORKS, description=f"how many forks (1 to {MAX_FORKS})")]
 Instructions = Annotated[

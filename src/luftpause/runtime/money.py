@@ -19,14 +19,12 @@ refuses it otherwise, never counting its turns as free.
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from luftpause.common.files import load_structured
 from luftpause.runtime import budget
 from luftpause.runtime import machine as m
 from luftpause.runtime.budget import HasState
@@ -120,14 +118,7 @@ def _usd(value: Any, where: str) -> float:
 def load_prices(path: str | Path) -> PriceTable:
     """Read and check a YAML or TOML prices file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PricesError(f"cannot read prices file {p}: {exc}") from exc
-    try:
-        raw = tomllib.loads(text) if p.suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise PricesError(f"cannot parse prices file {p}: {exc}") from exc
+    raw = load_structured(p, "prices file", PricesError)
     try:
         return parse_prices(raw)
     except PricesError as exc:

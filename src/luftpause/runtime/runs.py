@@ -117,7 +117,6 @@ class Runtime:
         outlook: Outlook | None = None,
         tool_timeout: float = TOOL_TIMEOUT,
     ) -> None:
-        self.journal = journal_file
         self.llm = llm
         caller = ToolCaller(upstreams, timeout=tool_timeout)
         self.questions = Questions(clock=clock) if questions is None else questions
@@ -127,7 +126,8 @@ class Runtime:
         self.runs: dict[str, Run] = {}
         self.metrics = RuntimeMetrics() if metrics is None else metrics
         self.metrics.bind(self.runs)
-        # Prices, forecasts, the seconds budget's look ahead: learned from every journal record.
+        # Prices, forecasts, the seconds budget's look ahead: learned from every journal record
+        # (the journal is written through the outlook, which sees each record go by).
         self.outlook = Outlook() if outlook is None else outlook
         self.journal = self.outlook.observed(journal_file, self.metrics.spent)
         self._timers: dict[str, asyncio.Task[None]] = {}

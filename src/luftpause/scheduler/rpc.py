@@ -1,9 +1,9 @@
-"""The gRPC surface of the scheduler: the servicer and the Session streams it keeps.
+"""The gRPC surface of the scheduler: the servicer and the Report streams it keeps.
 
 Shell layer: no decisions here, and no translation either (`wire` turns messages into core
 events and core values into messages). `Admit` registers a waiter, applies the event and
 awaits the placement; a client cancel arrives as CancelledError and becomes `TurnAbandoned`. A
-`Session` does the same for each admission on it and writes placements back as they resolve.
+`Report` does the same for each admission on it and writes placements back as they resolve.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def traceparent_of(context: grpc.aio.ServicerContext) -> str:
 
 
 def dataplane_of(context: grpc.aio.ServicerContext) -> str:
-    """The dataplane id a Session stream names in its metadata (else its peer address)."""
+    """The dataplane id a Report stream names in its metadata (else its peer address)."""
     for key, value in context.invocation_metadata() or ():
         if key == DATAPLANE_METADATA and isinstance(value, str) and value:
             return value
@@ -58,8 +58,8 @@ def _without_waits(reply: pb.StatusReply) -> bytes:
     return copy.SerializeToString(deterministic=True)
 
 
-class _Session:
-    """One dataplane's Session stream: applies what comes up, writes placements down.
+class _ReportStream:
+    """One dataplane's Report stream: applies what comes up, writes placements down.
 
     Every admission waits on a host future like a unary Admit does; when it resolves, its
     placement joins the outgoing queue, and one writer task sends whatever is queued as one
@@ -189,7 +189,7 @@ class _Session:
 class SchedulerService(pb_grpc.SchedulerServicer):
     def __init__(self, host: SchedulerHost) -> None:
         self.host = host
-        self._sessions: set[_Session] = set()
+        self._sessions: set[_ReportStream] = set()
         self._open = wire.open_message(host.state)
         host.on_open_changed(self._publish_open)
         host.on_run_taken(self._publish_taken)
@@ -241,12 +241,12 @@ class SchedulerService(pb_grpc.SchedulerServicer):
             spans.placed(span, place)
         return wire.admit_reply(place)
 
-    async def Session(
+    async def Report(
         self, request_iterator: AsyncIterator[pb.DataplaneBatch], context: grpc.aio.ServicerContext
     ) -> None:
         host = self.host
         dataplane = dataplane_of(context)
-        session = _Session(host, context, dataplane, self._open)
+        session = _ReportStream(host, context, dataplane, self._open)
         self._sessions.add(session)
         host.apply(e.DataplaneConnected(at=host.now(), dataplane=dataplane))
         try:

@@ -2,7 +2,7 @@
 
 Shell module, called by `rpc` only while the process traces; the core stays pure and knows
 nothing of spans. It reads the core's values (the `Admit` event, the `Place` action), never the
-gRPC messages. An `admit` span (kind SERVER) starts when an admission arrives, on a Session
+gRPC messages. An `admit` span (kind SERVER) starts when an admission arrives, on a Report
 stream or the unary Admit, as the child of the dataplane's turn span (`AdmitRequest.traceparent`,
 else the unary call's `traceparent` metadata), and ends when the turn is placed (from the core's
 `Place`: luftpause.replica, luftpause.held_ms), refused (status error), or withdrawn while held

@@ -92,12 +92,12 @@ def admit_reply(place: e.Place) -> pb.AdmitReply:
 
 
 def placement(place: e.Place) -> pb.Placement:
-    """A placement as a Session stream sends it."""
+    """A placement as a Report stream sends it."""
     return pb.Placement(turn_id=place.turn_id, placed=admit_reply(place))
 
 
 def refusal(turn_id: str, code: int, message: str, retry_after_s: float = 0.0) -> pb.Placement:
-    """A refused admission as a Session stream sends it (`code`: a gRPC status code)."""
+    """A refused admission as a Report stream sends it (`code`: a gRPC status code)."""
     refused = pb.Refusal(code=code, message=message, retry_after_seconds=retry_after_s)
     return pb.Placement(turn_id=turn_id, refused=refused)
 

@@ -78,19 +78,13 @@ def setup(d: Draft, endpoints: Iterable[Endpoint]) -> None:
                     period_s=limits.window_s,
                 )
                 if not window.levels:  # nothing stated: learned from the first reply
-                    window = evolve_window(window, own=False, regime=w.Regime.UNKNOWN)
+                    window = evolve(window, own=False, regime=w.Regime.UNKNOWN)
             _attach(d, window, e.id)
-
-
-def evolve_window(window: w.Window, **changes: object) -> w.Window:
-    fields = dict(window.__dict__)
-    fields.update(changes)
-    return w.Window(**fields)
 
 
 def _attach(d: Draft, window: w.Window, replica_id: str) -> None:
     if replica_id not in window.replicas:
-        window = evolve_window(window, replicas=(*window.replicas, replica_id))
+        window = evolve(window, replicas=(*window.replicas, replica_id))
     d.windows = d.windows.set(window.id, window)
     d.window_of = d.window_of.set(replica_id, window.id)
     replica = d.replicas.get(replica_id)
@@ -154,7 +148,7 @@ def key_window(d: Draft, key: KeyLimits, at: float, wall_at: float) -> w.Window:
     day = int(wall_at // DAY_S)
     if window.daily_limit != key.daily_tokens or window.day != day:
         used = window.day_used if window.day == day else 0
-        window = evolve_window(window, daily_limit=key.daily_tokens, day=day, day_used=used)
+        window = evolve(window, daily_limit=key.daily_tokens, day=day, day_used=used)
     window = w.advance(window, at)
     d.windows = d.windows.set(wid, window)
     return window
@@ -367,7 +361,7 @@ def release_reservations(
         cost = actual if actual is not None or not predicted else pending.cost
         window = w.release(window, turn_id, cost, at, ok=ok and window.kind == "endpoint")
         if window.kind == "key" and cost is not None:
-            window = evolve_window(window, day_used=window.day_used + cost[1])
+            window = evolve(window, day_used=window.day_used + cost[1])
         d.windows = d.windows.set(wid, window)
 
 
@@ -376,4 +370,4 @@ def refused(d: Draft, ids: Iterable[str]) -> None:
     for wid in ids:
         window = d.windows.get(wid)
         if window is not None:
-            d.windows = d.windows.set(wid, evolve_window(window, refused=window.refused + 1))
+            d.windows = d.windows.set(wid, evolve(window, refused=window.refused + 1))

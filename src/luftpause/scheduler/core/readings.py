@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from luftpause.common.ratelimits import Reading
+from luftpause.scheduler.core.model import evolve
 from luftpause.scheduler.core.windows import (
     K_MAX,
     K_UP,
@@ -22,7 +23,6 @@ from luftpause.scheduler.core.windows import (
     advance,
     level_at,
     minus,
-    with_changes,
 )
 
 COOLDOWN_DEFAULT_S = 1.0
@@ -63,7 +63,7 @@ def observe(
         changes["k"] = min(window.k + K_UP, K_MAX)
         changes["provider_429s"] = window.provider_429s + 1
     if not reading.budgets:
-        return _count_turn(with_changes(window, **changes), turn_id)
+        return _count_turn(evolve(window, **changes), turn_id)
     window = _voted(window, reading, at)
     levels = window.levels
     for name, budget in reading.budgets.items():
@@ -93,7 +93,7 @@ def observe(
     if window.own:  # stated limits gave a bucket of our own: the provider's regime is learned
         changes.update(regime=Regime.UNKNOWN, votes=())
     read_at = max(window.read_at, sent)
-    window = with_changes(window, levels=levels, read_at=read_at, own=False, **changes)
+    window = evolve(window, levels=levels, read_at=read_at, own=False, **changes)
     return _count_turn(window, turn_id)
 
 
@@ -122,7 +122,7 @@ def _count_turn(window: Window, turn_id: str) -> Window:
     if p is None or p.counted:
         return window
     counted = Pending(cost=p.cost, counted=True, scale=p.scale)
-    return with_changes(
+    return evolve(
         window,
         pending=window.pending.set(turn_id, counted),
         uncounted=minus(window.uncounted, p.cost),
@@ -160,6 +160,6 @@ def _voted(window: Window, reading: Reading, at: float) -> Window:
         fixed = abs(budget.reset_s - as_fixed) < abs(budget.reset_s - as_bucket)
         votes = (*votes, fixed)[-VOTES:]
     if votes == window.votes:
-        return with_changes(window, voters=voters)
+        return evolve(window, voters=voters)
     regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
-    return with_changes(window, voters=voters, votes=votes, regime=regime)
+    return evolve(window, voters=voters, votes=votes, regime=regime)

@@ -41,6 +41,7 @@ import immutables
 
 from luftpause.common.ratelimits import BUDGETS
 from luftpause.scheduler.core.learned import Replies
+from luftpause.scheduler.core.model import evolve
 
 MINUTE_S = 60.0
 K_START = 2.0
@@ -172,13 +173,7 @@ def restate(window: Window, per_minute: dict[str, int], at: float) -> Window:
         elif old.limit != limit:
             now = level_at(old, window.regime, at)
             levels[name] = Level(limit=limit, base=min(now, float(limit)), at=at)
-    return with_changes(window, levels=immutables.Map(levels))
-
-
-def with_changes(window: Window, **changes: Any) -> Window:
-    fields = dict(window.__dict__)
-    fields.update(changes)
-    return Window(**fields)
+    return evolve(window, levels=immutables.Map(levels))
 
 
 # --- levels -----------------------------------------------------------------------------------
@@ -217,7 +212,7 @@ def advance(window: Window, now: float) -> Window:
     levels = window.levels
     for name, level in rolled.items():
         levels = levels.set(name, level)
-    return with_changes(window, levels=levels)
+    return evolve(window, levels=levels)
 
 
 def available(window: Window, name: str, now: float) -> float | None:
@@ -304,7 +299,7 @@ def refill_s(window: Window, name: str, now: float) -> float:
 
 def reserve(window: Window, turn_id: str, cost: Cost) -> Window:
     pending = Pending(cost=cost, scale=window.scale())
-    return with_changes(
+    return evolve(
         window,
         pending=window.pending.set(turn_id, pending),
         uncounted=_plus(window.uncounted, cost),
@@ -331,7 +326,7 @@ def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok:
             changes["levels"] = _charged(window, actual, at)
     if ok:
         changes["k"] = max(K_START, window.k - K_DECAY)
-    return with_changes(window, **changes)
+    return evolve(window, **changes)
 
 
 def _charged(window: Window, cost: Cost, at: float) -> immutables.Map[str, Level]:
