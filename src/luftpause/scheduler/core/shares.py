@@ -40,26 +40,20 @@ _NONE = ClassShare()
 
 def placed(d: Draft, turn: Turn | HeldTurn, at: float, delta: int) -> None:
     """A turn of the pool went in flight (+1) or ended (-1) at `at`."""
-    if turn.single_pass:
-        return
-    share = _advanced(d.shares.get(turn.model, _NONE), at)
-    if turn.service_class is ServiceClass.INTERACTIVE:
-        share = evolve(share, interactive_in_flight=share.interactive_in_flight + delta)
-    else:
-        share = evolve(share, batch_in_flight=share.batch_in_flight + delta)
-    d.shares = d.shares.set(turn.model, share)
+    if not turn.single_pass:
+        share = _advanced(d.shares.get(turn.model, _NONE), at)
+        _count(d, share, turn, "in_flight", delta)
 
 
 def held(d: Draft, turn: HeldTurn, delta: int) -> None:
     """A turn of the pool was held (+1) or left the queues (-1)."""
-    if turn.single_pass:
-        return
-    share = d.shares.get(turn.model, _NONE)
-    if turn.service_class is ServiceClass.INTERACTIVE:
-        share = evolve(share, interactive_held=share.interactive_held + delta)
-    else:
-        share = evolve(share, batch_held=share.batch_held + delta)
-    d.shares = d.shares.set(turn.model, share)
+    if not turn.single_pass:
+        _count(d, d.shares.get(turn.model, _NONE), turn, "held", delta)
+
+
+def _count(d: Draft, share: ClassShare, turn: Turn | HeldTurn, what: str, delta: int) -> None:
+    name = f"{turn.service_class}_{what}"  # e.g. interactive_held
+    d.shares = d.shares.set(turn.model, evolve(share, **{name: getattr(share, name) + delta}))
 
 
 def past_share(view: View, model: str, at: float) -> bool:
