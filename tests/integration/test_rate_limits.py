@@ -30,6 +30,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 OPENAI_MODEL, ANTHROPIC_MODEL, STATED_MODEL, SURPRISE_MODEL = "oai", "claude", "stated", "surprise"
 TWIN_MODEL = "twin"
+BARE_MODEL, PLAIN_MODEL = "bare", "plain"
 HOSTED = ("--time-scale", "20", "--reply-tokens", "40", "--rate-limit-charge", "usage")
 # Rate-limited from the start, the limits learned from the first reply's headers.
 LEARN: dict[str, Any] = {"limits": {}}
@@ -109,6 +110,13 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             ),
             "surprise": await launcher.engine(
                 "surprise", *HOSTED, "--tpm", "100000", models=[SURPRISE_MODEL], options=LEARN
+            ),
+            # Given without `limits`: a hosted API with a tight budget, and one with none.
+            "bare": await launcher.engine(
+                "bare", *HOSTED, "--tpm", "400", "--rpm", "30", models=[BARE_MODEL]
+            ),
+            "plain": await launcher.engine(
+                "plain", "--time-scale", "20", "--metrics", "hosted", models=[PLAIN_MODEL]
             ),
         }
         config = write_endpoints(workdir / "endpoints.yaml", list(engines.values()))
@@ -213,3 +221,28 @@ async def test_with_two_providers_of_one_model_turns_go_where_there_is_headroom(
     assert all(replies) and a["served"] + b["served"] == 24
     assert a["refused"] == b["refused"] == 0
     assert a["served"] >= 4 and b["served"] > a["served"]
+
+
+async def test_a_hosted_api_given_without_limits_refuses_nothing_in_the_first_burst(
+    stack: Stack,
+) -> None:
+    """16 agents at once to an endpoint the file gives no `limits`: the first turn goes alone,
+    its reply's headers give the window, and the provider refuses none of them."""
+    replies = await flood(stack, BARE_MODEL, 16)
+    counts = (await stack.limits("bare"))["counts"]
+    assert all(replies) and counts["served"] == 16 and counts["refused"] == 0
+    budget = await stack.budget("bare")
+    limits = {d["name"]: d["limit"] for d in budget["dimensions"]}
+    assert limits == {"requests": 30, "tokens": 400} and budget["provider_429s"] == 0
+
+
+async def test_an_endpoint_given_without_limits_whose_reply_reports_none_has_no_window(
+    stack: Stack,
+) -> None:
+    """Its first reply carries no rate-limit headers: from then on it is not rate-limited (no
+    window on the status page, the replica open to the dataplanes)."""
+    assert all(await flood(stack, PLAIN_MODEL, 6))
+    status = await fetch_status(stack.status_url)
+    assert "plain" not in {b["id"] for b in status["budgets"]}
+    replica = next(r for r in status["replicas"] if r["id"] == "plain")
+    assert replica["open"] is True

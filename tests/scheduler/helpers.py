@@ -9,6 +9,8 @@ from luftpause.scheduler.core.model import Rules, ServiceClass
 from luftpause.scheduler.core.state import State
 
 MODEL = "m"
+# What an idle engine's probe reports.
+IDLE = {"running": 0, "waiting": 0}
 
 
 def endpoint(
@@ -20,7 +22,9 @@ def endpoint(
 def pool(*ids: str, healthy: bool = True, rules: Rules = DEFAULT_RULES) -> State:
     state = initial_state((endpoint(i) for i in ids), rules=rules)
     for i in ids:
-        state, _ = decide(state, ProbeResult(at=0.0, replica_id=i, healthy=healthy))
+        # Engines of our own report their load (an endpoint that does not is taken to be a
+        # hosted API until its first reply: `gate.unread_done`).
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=i, healthy=healthy, **IDLE))
     return state
 
 

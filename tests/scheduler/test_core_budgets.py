@@ -25,7 +25,7 @@ from luftpause.scheduler.core.model import KeyLimits, ServiceClass
 from luftpause.scheduler.core.placement import open_replicas
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
-from tests.scheduler.helpers import MODEL, endpoint, placed
+from tests.scheduler.helpers import IDLE, MODEL, endpoint, placed
 
 # 400 body bytes are 100 prompt tokens (0.25 tokens per byte before any usage); a reply asked
 # for 100 tokens at most: 200 tokens a turn, one request.
@@ -40,9 +40,12 @@ def hosted(rid: str, limits: Limits | None = None) -> Endpoint:
 
 
 def start(*endpoints: Endpoint) -> State:
+    """The endpoints probed: a hosted one (with `limits`) reports no engine load, the others
+    report an idle engine's."""
     state = initial_state(endpoints)
     for e in endpoints:
-        state, _ = decide(state, ProbeResult(at=0.0, replica_id=e.id, healthy=True))
+        load = IDLE if e.limits is None else {}
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=e.id, healthy=True, **load))
     return state
 
 
@@ -298,3 +301,75 @@ def test_endpoints_behind_one_api_key_share_one_window() -> None:
     state, third = ask(state, "t3", at=1.0)
     assert len(placed(first) | placed(second)) == 2 and third == ()
     assert "t3" in state.budget_held
+
+
+def unprobed_api(rid: str = "api") -> State:
+    """An endpoint given without `limits` whose probes read no engine load (a hosted API)."""
+    state = initial_state([endpoint(rid)])
+    state, _ = decide(state, ProbeResult(at=0.0, replica_id=rid, healthy=True))
+    return state
+
+
+def test_an_endpoint_given_without_limits_takes_one_turn_at_a_time_until_its_first_reply() -> None:
+    state = unprobed_api()
+    assert state.replicas["api"].limited and not open_replicas(state)
+    state, first = ask(state, "t1", at=1.0)
+    state, second = ask(state, "t2", at=1.0, cls=ServiceClass.BATCH)
+    state, third = ask(state, "t3", at=1.0)
+    assert placed(first) == {"t1": "api"} and second == () and third == ()
+    # The reply's headers say 1,000 tokens a minute with 700 left: both fit at once.
+    state, after = done(state, "t1", at=2.0, reading=tokens_left(700, 30.0), read_at=1.5)
+    assert placed(after) == {"t3": "api", "t2": "api"}  # interactive first
+    assert state.windows["api"].levels["tokens"].limit == 1000
+
+
+def test_an_endpoint_whose_first_reply_reports_no_limits_has_none_from_then_on() -> None:
+    state = unprobed_api()
+    state, _ = ask(state, "t1", at=1.0)
+    state, _ = ask(state, "t2", at=1.0)
+    state, _ = ask(state, "t3", at=1.0)
+    state, after = done(state, "t1", at=2.0)  # no rate-limit headers
+    assert placed(after) == {"t2": "api", "t3": "api"}
+    assert "api" not in state.windows and not state.replicas["api"].limited
+    assert [r.id for r in open_replicas(state)] == ["api"]
+    assert status_view(state, 2.0)["budgets"] == []
+    # A refusal with headers later brings a window back.
+    refusal = Reading(
+        retry_after_s=5.0, budgets={"tokens": Budget(limit=1000, remaining=0, reset_s=5.0)}
+    )
+    state, _ = decide(
+        state, TurnFailed(at=3.0, turn_id="t2", reading=refusal, reading_at=3.0, refused=True)
+    )
+    assert state.windows["api"].cooldown_until == pytest.approx(8.0)
+    assert state.replicas["api"].limited and not open_replicas(state)
+
+
+def test_a_failed_first_turn_teaches_nothing_the_endpoint_stays_unread() -> None:
+    state = unprobed_api()
+    state, _ = ask(state, "t1", at=1.0)
+    state, held = ask(state, "t2", at=1.0)
+    assert held == ()
+    state, after = decide(state, TurnFailed(at=2.0, turn_id="t1", reason="engine status 500"))
+    assert placed(after) == {"t2": "api"}  # the next turn goes, still one at a time
+    state, third = ask(state, "t3", at=2.0)
+    assert third == () and state.replicas["api"].limited
+
+
+def test_a_probe_that_reads_engine_load_frees_an_endpoint_given_without_limits() -> None:
+    # `limits: {}` asks for a window learned from replies: load on a probe does not drop it.
+    state = initial_state([endpoint("engine"), hosted("api")])
+    assert state.replicas["engine"].limited and state.replicas["api"].limited
+    for rid in ("engine", "api"):
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=rid, healthy=True, **IDLE))
+    assert not state.replicas["engine"].limited and "engine" not in state.windows
+    assert state.replicas["api"].limited and "api" in state.windows
+    assert [r.id for r in open_replicas(state)] == ["engine"]
+
+
+def test_a_stated_empty_window_whose_first_reply_reports_no_limits_has_none_either() -> None:
+    state = start(hosted("api"))
+    state, _ = ask(state, "t1", at=1.0)
+    state, held = ask(state, "t2", at=1.0)
+    assert held == ()
+    state, after = done(state, "t1", at=2.0)
+    assert placed(after) == {"t2": "api"} and "api" not in state.windows

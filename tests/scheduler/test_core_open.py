@@ -15,7 +15,7 @@ from luftpause.scheduler.core.events import (
 from luftpause.scheduler.core.model import Phase, ServiceClass
 from luftpause.scheduler.core.placement import open_replicas
 from luftpause.scheduler.core.state import State
-from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
+from tests.scheduler.helpers import IDLE, MODEL, admit, cap, endpoint, finish, placed, pool
 
 
 def local(state: State, turn: str, run: str, on: str, *, model: str = MODEL) -> State:
@@ -33,7 +33,7 @@ def test_open_replicas_are_the_healthy_uncapped_generative_ones() -> None:
     assert open_replicas(state) == ()
     version = state.open_version
     for rid in ("a", "b", "s"):
-        state, _ = decide(state, ProbeResult(at=0.0, replica_id=rid, healthy=True))
+        state, _ = decide(state, ProbeResult(at=0.0, replica_id=rid, healthy=True, **IDLE))
     assert [r.id for r in open_replicas(state)] == ["a", "b"]
     assert state.open_version > version
     version = state.open_version

@@ -22,7 +22,7 @@ from luftpause.scheduler.core.events import (
 from luftpause.scheduler.core.model import Phase, Rules, ServiceClass
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
-from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed, pool
+from tests.scheduler.helpers import IDLE, MODEL, admit, cap, endpoint, finish, placed, pool
 
 BATCH = ServiceClass.BATCH
 HEADROOM = Rules().switched(["headroom"], on=True)
@@ -340,7 +340,9 @@ def test_placement_carries_the_engine_priority_of_the_turns_class_where_configur
         models=frozenset({MODEL}),
         priority=Priorities(interactive=0, batch=10),
     )
-    state, _ = decide(initial_state([prio]), ProbeResult(at=0, replica_id="p", healthy=True))
+    state, _ = decide(
+        initial_state([prio]), ProbeResult(at=0, replica_id="p", healthy=True, **IDLE)
+    )
     state, first = admit(state, "t1", "r1")
     state, second = admit(state, "t2", "r2", cls=BATCH)
     _, again = admit(state, "t2", "r2", cls=BATCH)

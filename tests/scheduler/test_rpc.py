@@ -29,7 +29,7 @@ ENDPOINTS = [
 async def served() -> AsyncIterator[tuple[SchedulerHost, pb_grpc.SchedulerStub]]:
     host = SchedulerHost(ENDPOINTS)
     for rid in ("gen", "cls"):
-        host.apply(ProbeResult(at=host.now(), replica_id=rid, healthy=True))
+        host.apply(ProbeResult(at=host.now(), replica_id=rid, healthy=True, running=0, waiting=0))
     server = grpc.aio.server()
     pb_grpc.add_SchedulerServicer_to_server(SchedulerService(host), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -324,9 +324,13 @@ def _drain_gate(d: Draft, at: float) -> Applied:
 
 def _observe(d: Draft, ev: TurnFinished | TurnFailed, *, refused: bool) -> None:
     turn = d.turns.get(ev.turn_id)
-    if ev.reading is not None and turn is not None and not turn.single_pass:
+    if turn is None or turn.single_pass:
+        return
+    if ev.reading is not None:
         sent_at = ev.reading_sent_at or ev.reading_at
         gate.observe(d, turn, ev.reading, ev.reading_at, sent_at, refused=refused)
+    elif isinstance(ev, TurnFinished):  # a reply without rate-limit headers
+        gate.unread_done(d, turn.replica)
 
 
 def _place_action(

@@ -33,7 +33,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from luftpause.common.config import Endpoint
+from luftpause.common.config import Endpoint, EndpointKind
 from luftpause.common.ratelimits import Reading
 from luftpause.scheduler.core import readings
 from luftpause.scheduler.core import windows as w
@@ -63,9 +63,15 @@ class Outcome:
 
 
 def setup(d: Draft, endpoints: Iterable[Endpoint]) -> None:
-    """Windows for the endpoints whose file states `limits` (initial state)."""
+    """Windows for the endpoints whose file states `limits`, and an unread one for each other
+    generative endpoint (initial state): an endpoint not read yet takes one turn at a time, so
+    a hosted API's first burst is not refused before its first reply's headers tell its limits
+    (`unread_done`)."""
     for e in endpoints:
-        if e.limits is not None:
+        if e.limits is None:
+            if e.kind is EndpointKind.GENERATIVE:
+                _attach(d, d.windows.get(e.id) or w.Window(id=e.id, assumed=True), e.id)
+        else:
             limits = e.limits
             wid = limits.share or e.id
             window = d.windows.get(wid)
@@ -90,6 +96,28 @@ def _attach(d: Draft, window: w.Window, replica_id: str) -> None:
     replica = d.replicas.get(replica_id)
     if replica is not None and not replica.limited:
         set_replica(d, evolve(replica, limited=True))
+
+
+def unread_done(d: Draft, replica_id: str, *, assumed_only: bool = False) -> None:
+    """`replica_id` showed it has no rate limit: a reply came without rate-limit headers, or
+    (`assumed_only`, for windows the endpoint file did not ask for) a probe read its engine's
+    load, so it is an engine of our own. A window not read yet lets it go: it is no longer
+    rate-limited, until a reply's headers (a 429's) bring a window back (`observe`)."""
+    wid = d.window_of.get(replica_id)
+    window = None if wid is None else d.windows.get(wid)
+    if window is None or window.own or window.levels or window.read_at >= 0:
+        return
+    if assumed_only and not window.assumed:
+        return
+    d.window_of = d.window_of.delete(replica_id)
+    rest = tuple(r for r in window.replicas if r != replica_id)
+    if rest:
+        d.windows = d.windows.set(window.id, evolve(window, replicas=rest))
+    else:
+        d.windows = d.windows.delete(window.id)
+    replica = d.replicas.get(replica_id)
+    if replica is not None and replica.limited:
+        set_replica(d, evolve(replica, limited=False))
 
 
 def applies(view: View, held: HeldTurn) -> bool:

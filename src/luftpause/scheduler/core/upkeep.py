@@ -6,7 +6,7 @@ Pure module: functions that change a `Draft`, no I/O; time is an argument. `deci
 
 from __future__ import annotations
 
-from luftpause.scheduler.core import expiry, holds, lifecycle, residency
+from luftpause.scheduler.core import expiry, gate, holds, lifecycle, residency
 from luftpause.scheduler.core.events import (
     Action,
     DataplaneReleased,
@@ -24,6 +24,10 @@ def probe(d: Draft, ev: ProbeResult) -> None:
     replica = d.replicas.get(ev.replica_id)
     if replica is None:
         return
+    if ev.running is not None and replica.limited:
+        # It reports its engine's load: an engine of our own, not a hosted API (see `gate`).
+        gate.unread_done(d, replica.id, assumed_only=True)
+        replica = d.replicas[ev.replica_id]
     pool = replica.kv_config or ev.kv_total or replica.kv_tokens
     most = ev.max_running or replica.max_running
     seen = replica

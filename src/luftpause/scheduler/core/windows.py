@@ -98,6 +98,9 @@ class Window:
     levels: immutables.Map[str, Level] = _EMPTY
     # Our own bucket (stated limits, a key's budget): no provider readings.
     own: bool = False
+    # No `limits` in the endpoint file: the endpoint is taken to be rate-limited until its
+    # first reply says otherwise (or a probe reads its engine's load: an engine of our own).
+    assumed: bool = False
     regime: Regime = Regime.UNKNOWN
     votes: tuple[bool, ...] = ()  # True: a vote for fixed
     # Per budget, its last reading for the next vote: the period it implied, its reset, when

@@ -235,9 +235,10 @@ def _family_args(p: argparse.ArgumentParser, e: EngineParams) -> None:
     add(
         "--metrics",
         choices=METRIC_NAMES,
-        default=_S.metrics,
-        help="metric names on /metrics: both engines', sglang's, vllm's, or llama.cpp's request "
-        "counts only (no KV figures)",
+        default=None,
+        help="metric names on /metrics: both engines', sglang's, vllm's, llama.cpp's request "
+        "counts only (no KV figures), or a hosted API's: none (the default with a rate limit; "
+        f"else {_S.metrics})",
     )
     add(
         "--no-server-info",
@@ -293,6 +294,11 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
     return envargs.parse_args(build_parser(PROFILES[chosen.profile]), argv, env)
 
 
+def _hosted(args: argparse.Namespace) -> bool:
+    """The hosted-API mode: some budget is limited."""
+    return any(getattr(args, name) is not None for name in ("rpm", "tpm", "itpm", "otpm"))
+
+
 def params_from(args: argparse.Namespace) -> SimParams:
     engine = EngineParams(
         kv_tokens=args.kv_tokens,
@@ -335,7 +341,7 @@ def params_from(args: argparse.Namespace) -> SimParams:
         slot_saves=args.slot_saves,
         stream_interval=args.stream_interval,
         context_window=args.context_window,
-        metrics=args.metrics,
+        metrics=args.metrics or ("hosted" if _hosted(args) else _S.metrics),
         server_info=args.server_info,
     )
 

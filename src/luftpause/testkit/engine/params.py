@@ -40,10 +40,11 @@ ADMISSIONS: tuple[Admission, ...] = ("reserve", "sglang", "ondemand")
 # SGLang without --enable-mixed-chunk).
 ChunkedPrefill = Literal["off", "mixed", "separate"]
 CHUNKED_PREFILLS: tuple[ChunkedPrefill, ...] = ("off", "mixed", "separate")
-# Which metric names /metrics carries: both engines' (the default), SGLang's, vLLM's, or only
-# llama.cpp's request counts (no KV figures at all).
-MetricNames = Literal["both", "sglang", "vllm", "llamacpp"]
-METRIC_NAMES: tuple[MetricNames, ...] = ("both", "sglang", "vllm", "llamacpp")
+# Which metric names /metrics carries: both engines' (the default), SGLang's, vLLM's, only
+# llama.cpp's request counts (no KV figures at all), or a hosted API's: no engine's at all
+# (the default in the hosted-API mode; only the simulator's own counters).
+MetricNames = Literal["both", "sglang", "vllm", "llamacpp", "hosted"]
+METRIC_NAMES: tuple[MetricNames, ...] = ("both", "sglang", "vllm", "llamacpp", "hosted")
 # What a hosted API charges a chat request's reply to its token budgets at the start:
 # `max_tokens` (OpenAI's estimate) or the reply it will generate (`usage`).
 Charge = Literal["usage", "max_tokens"]
@@ -182,7 +183,7 @@ class SimParams:
         if self.context_window is not None and self.context_window < 1:
             raise ValueError("context_window must be >= 1 when given")
         if self.metrics not in METRIC_NAMES:
-            raise ValueError("metrics must be both, sglang, vllm or llamacpp")
+            raise ValueError("metrics must be both, sglang, vllm, llamacpp or hosted")
         self._check_rate_limits()
 
     def _check_rate_limits(self) -> None:
