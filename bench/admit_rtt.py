@@ -1,30 +1,37 @@
 """Admission round trip over gRPC on loopback: one at a time, and paced at a fixed rate.
 
-Run: `.venv/bin/python -m bench.admit_rtt [--rate 1000] [--seconds 5] [--sequential 2000]`.
+Run: `.venv/bin/python -m bench.admit_rtt [--rate 1000] [--seconds 5] [--sequential 2000]
+[--repeats 1]`.
 Two arms: admissions on one `Report` stream (what the dataplane does) and one unary `Admit`
 call per turn. Every admitted turn is reported finished on the session right after (not
 timed), so the scheduler's state stays the size of a live pool. The client is Python grpc.aio
 on the same machine: its own cost is inside every number; the scheduler's CPU per admission
-(utime+stime from /proc, sequential phase) is reported beside it.
+(utime+stime from /proc, sequential phase) is reported beside it. With `--repeats` the arms'
+order rotates from repeat to repeat (`common.rotated`) and each arm's samples are pooled over
+its repeats; each arm records the machine's load per repeat (`common.LoadWatch`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvloop
 
-from bench.common import percentiles, write_result
+from bench.common import LoadWatch, percentiles, rotated, write_result
 from bench.overhead import cpu_seconds
 from luftpause.rpc import scheduler_pb2 as pb
 from luftpause.rpc import scheduler_pb2_grpc as pb_grpc
 from luftpause.testkit.stack import LocalStack
+
+ARMS = ("session", "unary")
 
 
 class Admitter:
@@ -150,26 +157,47 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{local.grpc_port}")
         stack.push_async_callback(channel.close)
         stub = pb_grpc.SchedulerStub(channel)
-        out: dict[str, object] = {}
-        for arm in ("session", "unary"):
-            adm = Admitter(stub, unary=arm == "unary")
-            await sequential(adm, 200)  # warm-up
-            c0 = cpu_seconds([local.procs["scheduler"].pid])
-            seq = await sequential(adm, args.sequential)
-            cpu = cpu_seconds([local.procs["scheduler"].pid]) - c0
-            rtts, achieved = await paced(adm, args.rate, args.seconds)
-            await adm.close()
-            out[arm] = {
-                "sequential_ms": percentiles(seq),
-                "scheduler_cpu_ms_per_admit_sequential": round(1000 * cpu / args.sequential, 3),
-                "paced": {
-                    "target_rate": args.rate,
-                    "achieved_rate": round(achieved, 1),
-                    "rtt_ms": percentiles(rtts),
-                },
-            }
+        scheduler = local.procs["scheduler"].pid
+        runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
+        for r in range(args.repeats):
+            for arm in rotated(ARMS, r):
+                with LoadWatch() as load:
+                    ran = await one_arm(stub, arm, args, scheduler)
+                runs[arm].append({**ran, "load": load.summary()})
+        out: dict[str, object] = {arm: pooled(rs, args) for arm, rs in runs.items()}
         out["resync_ms"] = await resync(stub, args.resync_runs, 5)
         return out
+
+
+async def one_arm(
+    stub: pb_grpc.SchedulerStub, arm: str, args: argparse.Namespace, scheduler: int
+) -> dict[str, Any]:
+    """One repeat of `arm`: the sequential phase (with the scheduler's CPU), then the paced."""
+    adm = Admitter(stub, unary=arm == "unary")
+    await sequential(adm, 200)  # warm-up
+    c0 = cpu_seconds([scheduler])
+    seq = await sequential(adm, args.sequential)
+    cpu = cpu_seconds([scheduler]) - c0
+    rtts, achieved = await paced(adm, args.rate, args.seconds)
+    await adm.close()
+    return {"sequential": seq, "cpu": cpu, "paced": rtts, "achieved": achieved}
+
+
+def pooled(runs: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """One arm over its repeats: samples pooled, the achieved rate the median repeat's."""
+    cpu = sum(r["cpu"] for r in runs)
+    return {
+        "sequential_ms": percentiles([x for r in runs for x in r["sequential"]]),
+        "scheduler_cpu_ms_per_admit_sequential": round(
+            1000 * cpu / (args.sequential * len(runs)), 3
+        ),
+        "paced": {
+            "target_rate": args.rate,
+            "achieved_rate": round(statistics.median(r["achieved"] for r in runs), 1),
+            "rtt_ms": percentiles([x for r in runs for x in r["paced"]]),
+        },
+        "load": [r["load"] for r in runs],
+    }
 
 
 def main() -> None:
@@ -178,6 +206,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--sequential", type=int, default=2000)
     p.add_argument("--resync-runs", type=int, default=10000)
+    p.add_argument("--repeats", type=int, default=1, help="of both arms, their order rotated")
     args = p.parse_args()
     result = uvloop.run(run(args))
     path = write_result("admit_rtt", {"benchmark": "admit_rtt", **result})

@@ -14,11 +14,11 @@ time: `--time-scale 1`). The simulated model follows a script of replies:
 Both end with the same one-line answer.
 
 Each sub-agent calls fake-mcp's `lookup` three times (each call `--tool-seconds`), then answers.
-Arms alternate their order from repeat to repeat; every session gets a fresh home. Measured
-per session: the wall time of the `claude` process (start to exit, what a person waits) and the
-sub-agents' time each (turns plus tool calls, from the runtime's run tree). Writes
-bench/results/claude_fanout.json: every session, then per arm the median and min..max, and the
-ratio of the medians.
+Arms alternate their order from repeat to repeat (`common.rotated`); every session gets a fresh
+home. Measured per session: the wall time of the `claude` process (start to exit, what a person
+waits), the sub-agents' time each (turns plus tool calls, from the runtime's run tree) and the
+machine's load while it ran (`common.LoadWatch`). Writes bench/results/claude_fanout.json: every
+session, then per arm the median and min..max, and the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_result
+from bench.common import LoadWatch, rotated, write_result
 from luftpause.testkit.harnesses import ClaudeCode, HarnessStack, pinned, start_harness_stack
 
 ENGINE_ARGS = ("--profile", "gpu", "--time-scale", "1", "--kv-tokens", "400000")
@@ -121,10 +121,11 @@ async def bench(repeats: int, agents: int, tool_seconds: float) -> dict[str, Any
             # and tools, as any session after the first finds them; it is not counted.
             await session(stack, "fan-out", agents, Path(tmp) / "warm-up")
             for r in range(repeats):
-                order = ARMS if r % 2 == 0 else ARMS[::-1]
-                for arm in order:
+                for arm in rotated(ARMS, r):
                     home = Path(tmp) / f"home-{r}-{arm.replace(' ', '-')}"
-                    sessions.append({"repeat": r, **await session(stack, arm, agents, home)})
+                    with LoadWatch() as load:
+                        ran = await session(stack, arm, agents, home)
+                    sessions.append({"repeat": r, **ran, "load": load.summary()})
                     print(sessions[-1], flush=True)
     per_arm = {arm: [s for s in sessions if s["arm"] == arm] for arm in ARMS}
     summary = {

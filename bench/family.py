@@ -16,8 +16,9 @@ rotated from model to model:
   (preempting where it preempts).
 
 For each model the result keeps both arms' runs/min and cached share per class, each engine's
-load (bench.engine_watch) and what luftpause's scheduler saw (bench.scheduler_watch), and the
-ratios luftpause / router. The summary gives the distribution of the ratios and every model where
+load (bench.engine_watch), what luftpause's scheduler saw (bench.scheduler_watch), the machine's
+load while the arm ran (`common.LoadWatch`; real processes only), and the ratios luftpause /
+router. The summary gives the distribution of the ratios and every model where
 luftpause is behind: on batch by more than 10 %, or on both classes. `--lab` runs the same in
 bench.pool_lab's virtual time instead of real processes (about a minute per model, no sockets,
 `--jobs` models side by side; deterministic, so the machine's load does not move it): the same
@@ -44,7 +45,7 @@ from typing import Any
 
 from bench.common import RESULTS, rotated, write_result
 from bench.engine_models import NAMED, EngineModel, sampled
-from bench.flood import _scale, one_arm
+from bench.flood import scaled_arm
 from bench.pool_lab import LabFront, LabWorkload, run_lab
 from luftpause.scheduler.core.model import Rules
 
@@ -78,11 +79,6 @@ def workload_args(model: EngineModel, style: str, a: argparse.Namespace) -> argp
         stream_interval=4,
         engine_flags=model.flags(),
     )
-
-
-async def real_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    summary: dict[str, Any] = _scale(await one_arm(arm, args, workdir), args.time_scale)
-    return summary
 
 
 def lab_arm(model: EngineModel, arm: str, style: str, a: argparse.Namespace) -> dict[str, Any]:
@@ -220,7 +216,7 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
             arms = next(labbed)
         else:
             for arm in rotated(list(ARMS), i):
-                arms[arm] = await real_arm(arm, args, workdir)
+                arms[arm] = await scaled_arm(arm, args, workdir)
         ratio = ratios(arms)
         row: dict[str, Any] = {
             "name": model.name,

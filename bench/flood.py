@@ -29,7 +29,9 @@ The arms' processes are started by bench.arms.
 Each engine's running and waiting requests, KV use and prefix-cache hits are sampled every
 0.25 s during each window (bench.engine_watch).
 Writes bench/results/flood.json (or flood_<pool>.json, or --out) and prints a Markdown table
-(bench.report). Repeats alternate arms so drift on this noisy machine hits every arm alike.
+(bench.report). Repeats rotate the arms' order (`common.rotated`, the order of each repeat under
+"orders") so drift on this noisy machine hits every arm alike; each arm's entry records the
+machine's load while it ran (`common.LoadWatch`, under "load").
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARMS, CLIENT_PRIORITY, ENGINE_PRIORITY, start_engines, start_front
-from bench.common import RESULTS, rotated, write_result
+from bench.common import RESULTS, LoadWatch, rotated, write_result
 from bench.engine_watch import engine_load
 from bench.report import flood_table as table
 from bench.scheduler_watch import scheduler_view
@@ -177,12 +179,21 @@ def _scale(summary: dict[str, Any], time_scale: float) -> dict[str, Any]:
     return out
 
 
+async def scaled_arm(arm: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """`one_arm` in simulated time, with the machine's load while the arm ran (its start
+    included: `common.LoadWatch`)."""
+    with LoadWatch() as load:
+        summary = _scale(await one_arm(arm, args, workdir), args.time_scale)
+    return {**summary, "load": load.summary()}
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix="bench-flood-"))
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
-    for rep in range(args.repeats):
-        for arm in rotated(args.arms, rep):
-            summary = _scale(await one_arm(arm, args, workdir), args.time_scale)
+    orders = [rotated(args.arms, rep) for rep in range(args.repeats)]
+    for rep, order in enumerate(orders):
+        for arm in order:
+            summary = await scaled_arm(arm, args, workdir)
             results[arm].append(summary)
             print(
                 f"repeat {rep + 1} {arm}: interactive "
@@ -190,7 +201,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 f"{summary['batch']['runs_per_min']}/min, engines {summary['engines']}",
                 flush=True,
             )
-    return {"results": results, "table": table(results), "logs": str(workdir)}
+    # The arms' order per repeat: the engine logs in `logs` follow it (bench.rereads).
+    return {"results": results, "table": table(results), "logs": str(workdir), "orders": orders}
 
 
 def _earlier(name: str, args: argparse.Namespace) -> dict[str, Any]:

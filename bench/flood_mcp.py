@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARMS, start_engines, start_front
-from bench.common import rotated, write_result
+from bench.common import LoadWatch, rotated, write_result
 from bench.engine_watch import engine_load
 from bench.flood import _scale
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
@@ -143,7 +143,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
     for rep in range(args.repeats):
         for arm in rotated(args.arms, rep):
-            out = await one_arm(arm, rep, args, workdir)
+            with LoadWatch() as load:
+                out = await one_arm(arm, rep, args, workdir)
+            out["load"] = load.summary()
             results[arm].append(out)
             print(
                 f"repeat {rep + 1} {arm}: interactive {out['interactive']['runs_per_min']}/min, "

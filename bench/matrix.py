@@ -21,9 +21,10 @@ A cell is an engine, a style of tool round, a kind of context and a KV size:
 Every cell runs each arm (router cache_aware, router round_robin, luftpause) against fresh
 engines with the same workload (48 batch and 4 interactive closed-loop agents, up to 3 tool
 calls of 2 s, 300 simulated seconds; the real cells 6 batch and 2 interactive agents, 180 s),
-arms alternating within each repeat, then once more luftpause with the interactive agents alone
-(no batch agents): their rate then is the most any admission policy could give them in the
-flood, the ceiling of the interactive target. The simulated cells run `--time-scale` times
+their order rotated from repeat to repeat (`common.rotated`), each with the machine's load while
+it ran (`common.LoadWatch`, under "load"), then once more luftpause with the interactive agents
+alone (no batch agents): their rate then is the most any admission policy could give them in
+the flood, the ceiling of the interactive target. The simulated cells run `--time-scale` times
 faster than real time; rates and durations are reported in simulated time. Each arm's result
 also records how far the simulators fell behind their schedule (`sim_lag_mean_s`,
 `sim_lag_max_s`), so a cell run on a machine too busy to keep up shows it. Writes
@@ -43,7 +44,7 @@ from typing import Any
 
 from bench.arms import ARMS as ALL_ARMS
 from bench.common import RESULTS, rotated, write_result
-from bench.flood import VLLM_KV_TOKENS, _scale, one_arm
+from bench.flood import VLLM_KV_TOKENS, scaled_arm
 from bench.matrix_report import ablation_table, matrix_table
 
 ARMS = ("router-cache_aware", "luftpause")
@@ -163,7 +164,7 @@ async def run_cell(cell: Cell, a: argparse.Namespace, workdir: Path) -> dict[str
     results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in a.arms}
     for rep in range(a.repeats):
         for arm in rotated(a.arms, rep):
-            summary = _scale(await one_arm(arm, args, workdir), args.time_scale)
+            summary = await scaled_arm(arm, args, workdir)
             results[arm].append(summary)
             print(
                 f"{cell.name} repeat {rep + 1} {arm}: interactive "
@@ -175,7 +176,7 @@ async def run_cell(cell: Cell, a: argparse.Namespace, workdir: Path) -> dict[str
     if a.alone:
         # The interactive agents with no batch at all: the most any admission can give them.
         alone = argparse.Namespace(**{**vars(args), "batch": 0})
-        summary = _scale(await one_arm("luftpause", alone, workdir), args.time_scale)
+        summary = await scaled_arm("luftpause", alone, workdir)
         results[ALONE] = [summary]
         print(f"{cell.name} alone: interactive {summary['interactive']['runs_per_min']}/min")
     return {"args": {k: v for k, v in vars(args).items()}, "results": results}

@@ -4,10 +4,11 @@ Run: `.venv/bin/python -m bench.overhead [--rounds 5] [--requests 256]`.
 One simulated engine set to reply instantly (no prefill or decode time, 16-token streams), a
 scheduler, a dataplane, a bare aiohttp pass-through (`bench.passthrough`: the floor for any
 Python hop on this machine), and the peers (sglang-router, the LiteLLM proxy) in front of the
-same engine. Arms alternate round by round, so drift on this noisy 2-core machine hits all alike;
-each arm's figure is the median over rounds of the per-round figure, with the spread
-(min..max over rounds) beside it. Clients keep their connections alive, as the OpenAI SDK does,
-and every connection is warmed before a measured phase starts.
+same engine. Arms take turns in an order rotated round by round (`common.rotated`), so drift on
+this noisy 2-core machine hits all alike; each arm's figure is the median over rounds of the
+per-round figure, with the spread (min..max over rounds) beside it, and the machine's load while
+the arm ran, per round (`common.LoadWatch`, under "load"). Clients keep their connections alive,
+as the OpenAI SDK does, and every connection is warmed before a measured phase starts.
 
 Three dataplane arms share the scheduler: `dataplane` as deployed (the engine is open, so it
 places turns itself and reports them), `dataplane-ask` (`--no-local-placement`: every turn
@@ -46,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -53,7 +55,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from bench.common import percentiles, write_result
+from bench.common import LoadWatch, percentiles, rotated, write_result
 from bench.overhead_table import table
 from bench.pinning import pin_arms
 from luftpause.testkit.procs import Proc, free_port
@@ -148,6 +150,20 @@ async def arm(
         out["cpu_ms_each"] = each  # in the arm's order of processes (dataplane, scheduler)
         out["turns"] = len(total)
     return out
+
+
+async def rounds(
+    names: Sequence[str], count: int, measure: Callable[[str], Awaitable[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each arm measured `count` times, their order rotated round by round; each round's
+    figures with the machine's load while the arm ran."""
+    per_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for r in range(count):
+        for name in rotated(names, r):
+            with LoadWatch() as load:
+                figures = await measure(name)
+            per_arm[name].append({**figures, "load": load.summary()})
+    return per_arm
 
 
 def summarize(rounds: list[dict[str, Any]], key: str, stat: str) -> dict[str, float]:
@@ -300,12 +316,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("pinned", json.dumps(out["pinned"]), flush=True)
         for concurrency in args.concurrency:
             for stream in (True, False):
-                per_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-                for _ in range(args.rounds):
-                    for name, (url, pids) in arms.items():
-                        per_arm[name].append(
-                            await arm(url, concurrency, args.requests, stream, pids)
-                        )
+
+                async def measure(
+                    name: str, c: int = concurrency, s: bool = stream
+                ) -> dict[str, Any]:
+                    url, pids = arms[name]
+                    return await arm(url, c, args.requests, s, pids)
+
+                per_arm = await rounds(list(arms), args.rounds, measure)
                 label = f"c{concurrency}_{'stream' if stream else 'nonstream'}"
                 out[label] = _compare(per_arm)
                 print(label, json.dumps(out[label]["added_ms"]), flush=True)
@@ -386,6 +404,8 @@ def _compare(per_arm: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "total_p99_ms": summarize(rs, "total", "p99"),
             "rps": _spread([r["rps"] for r in rs], 1),
         }
+        if "load" in rs[0]:
+            arms[name]["load"] = [r["load"] for r in rs]  # per round, in the rounds' order
         if "cpu_ms" in rs[0]:
             arms[name]["cpu_ms_per_turn"] = {
                 **_spread([r["cpu_ms"] / r["turns"] for r in rs]),

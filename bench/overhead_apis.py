@@ -17,9 +17,10 @@ The engine writes its Messages and Responses replies with the dataplane's own tr
 `translated` carries it in the dataplane instead: the difference between `translated` and
 `passed` is what translating in the dataplane costs a turn over passing, and each arm's figure
 over `direct` is what the dataplane adds. Arms take turns in an order that rotates round by
-round; each figure is the median over rounds of the per-round value, with min..max. Clients
-keep their connections alive and warm each one first. Writes bench/results/overhead_apis.json,
-with the Markdown table under "table".
+round (`common.rotated`), the machine's load recorded per arm and round (`common.LoadWatch`);
+each figure is the median over rounds of the per-round value, with min..max. Clients keep their
+connections alive and warm each one first. Writes bench/results/overhead_apis.json, with the
+Markdown table under "table".
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 
 import uvloop
 
-from bench.overhead import INSTANT, _compare, _spread, arm, save
+from bench.overhead import INSTANT, _compare, _spread, arm, rounds, save
 from luftpause.testkit.stack import SIM_MODEL, Endpoint, LocalStack, write_endpoints
 
 PROMPT = "ping " * 20
@@ -84,19 +85,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             arms = ARMS_OF[api]
             for concurrency in args.concurrency:
-                per_arm: dict[str, list[dict[str, Any]]] = {name: [] for name in arms}
-                for r in range(args.rounds):
-                    for name in arms[r % len(arms) :] + arms[: r % len(arms)]:
-                        per_arm[name].append(
-                            await arm(
-                                urls[name],
-                                concurrency,
-                                args.requests,
-                                True,
-                                pids[name],
-                                payload(api),
-                            )
-                        )
+
+                async def measure(
+                    name: str, c: int = concurrency, api: str = api, urls: dict[str, str] = urls
+                ) -> dict[str, Any]:
+                    return await arm(urls[name], c, args.requests, True, pids[name], payload(api))
+
+                per_arm = await rounds(arms, args.rounds, measure)
                 label = f"{api}_c{concurrency}"
                 out[label] = _compare(per_arm)
                 if "translated" in per_arm:

@@ -1,18 +1,21 @@
 """Fan-out through the MCP runtime: 16 sub-agents spawned at once and awaited together, against
 the same 16 run one at a time.
 
-Run: `.venv/bin/python -m bench.runtime_fanout [--agents 16] [--tool-seconds 2]`.
+Run: `.venv/bin/python -m bench.runtime_fanout [--agents 16] [--tool-seconds 2] [--repeats 1]`.
 Real processes on loopback: two simulated engines (each sub-agent calls a tool 3 times, then
 answers), a scheduler, a dataplane, fake-mcp with both tools fixed at `--tool-seconds`, and
 the runtime, driven with the official `mcp` client. Arm "parallel" spawns every sub-agent and
-awaits them all in one call; arm "sequential" calls `run` for each in turn. Writes
-bench/results/runtime_fanout.json with both wall times and their ratio.
+awaits them all in one call; arm "sequential" calls `run` for each in turn. With `--repeats`
+the arms' order rotates from repeat to repeat (`common.rotated`). Writes
+bench/results/runtime_fanout.json: per arm the median wall time over repeats, each repeat with
+the machine's load while the arm ran (`common.LoadWatch`), and the ratio of the medians.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from contextlib import AsyncExitStack
@@ -21,10 +24,11 @@ from typing import Any
 
 from mcp import Client
 
-from bench.common import write_result
+from bench.common import LoadWatch, rotated, write_result
 from luftpause.testkit.stack import LocalStack, start_runtime
 
 TOOL_ROUNDS = 3
+ARMS = ("parallel", "sequential")
 
 
 async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -72,13 +76,29 @@ def _summary(seconds: float, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-async def bench(agents: int, tool_seconds: float) -> dict[str, Any]:
+def _over_repeats(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm: the median wall time over its repeats, min..max, and each repeat."""
+    seconds = [r["seconds"] for r in repeats]
+    return {
+        "seconds": round(statistics.median(seconds), 3),
+        "secondsRange": [min(seconds), max(seconds)],
+        "finished": min(r["finished"] for r in repeats),  # the fewest in any repeat
+        "repeats": repeats,
+    }
+
+
+async def bench(agents: int, tool_seconds: float, repeats: int = 1) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in ARMS}
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp:
         async with AsyncExitStack() as exits:
             url = await _start(exits, Path(tmp), tool_seconds)
             await _call_warmup(url)
-            parallel = _summary(*await _parallel(url, agents))
-            sequential = _summary(*await _sequential(url, agents))
+            for r in range(repeats):
+                for arm in rotated(ARMS, r):
+                    with LoadWatch() as load:
+                        took = await (_parallel if arm == "parallel" else _sequential)(url, agents)
+                    runs[arm].append({**_summary(*took), "load": load.summary()})
+    parallel, sequential = (_over_repeats(runs[arm]) for arm in ARMS)
     return {
         "agents": agents,
         "toolSeconds": tool_seconds,
@@ -98,8 +118,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--agents", type=int, default=16)
     p.add_argument("--tool-seconds", type=float, default=2.0)
+    p.add_argument("--repeats", type=int, default=1, help="of both arms, their order rotated")
     ns = p.parse_args()
-    result = asyncio.run(bench(ns.agents, ns.tool_seconds))
+    result = asyncio.run(bench(ns.agents, ns.tool_seconds, ns.repeats))
     path = write_result("runtime_fanout", result)
     print(
         f"{ns.agents} sub-agents: spawn+await all {result['parallel']['seconds']} s, "

@@ -2,7 +2,8 @@
 throughput with one and three replicas, and how long a dead replica's runs wait.
 
 Run: `.venv/bin/python -m bench.runtime_fleet [--repeat 3] [--runs 60]`. Three parts, arms side
-by side in one run, their order rotated per repeat (`common.rotated`):
+by side in one run, their order rotated per repeat (`common.rotated`), each arm's entry with the
+machine's load per repeat (`common.LoadWatch`, under "load"):
 
 - records: one run's records appended one after the other, each awaited (the latency a run
   waits per journaled step: the file's write+fsync against PostgreSQL's commit), then
@@ -45,7 +46,7 @@ import aiohttp
 import psycopg
 from mcp import Client
 
-from bench.common import percentiles, rotated, write_result
+from bench.common import LoadWatch, percentiles, rotated, write_result
 from luftpause.runtime import journal
 from luftpause.runtime import machine as m
 from luftpause.runtime.journal_pg import Database, PgJournal
@@ -95,6 +96,7 @@ async def records_part(pg_url: str, records: int, repeat: int) -> dict[str, Any]
     arms = ["file", "postgresql", "postgresql-3"]
     latency: dict[str, list[float]] = {a: [] for a in arms}
     rates: dict[str, list[float]] = {a: [] for a in arms}
+    loads: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="bench-fleet-", dir="/var/tmp") as tmp:
         dbs = [Database(pg_url, f"bench-{i}", lease_seconds=60) for i in range(3)]
         for db in dbs:
@@ -108,10 +110,12 @@ async def records_part(pg_url: str, records: int, repeat: int) -> dict[str, Any]
                         stores[0].open()
                     else:
                         stores = [PgJournal(db) for db in dbs[: 3 if arm.endswith("-3") else 1]]
-                    each = await asyncio.gather(*(_sequential(st, records) for st in stores))
+                    with LoadWatch() as load:
+                        each = await asyncio.gather(*(_sequential(st, records) for st in stores))
+                        burst = await asyncio.gather(*(_burst(st, records) for st in stores))
                     latency[arm] += [x for one in each for x in one]
-                    burst = await asyncio.gather(*(_burst(st, records) for st in stores))
                     rates[arm].append(sum(burst))
+                    loads[arm].append(load.summary())
                     for st in stores:
                         st.close()
                     print(f"records {arm}: {percentiles(latency[arm])}", flush=True)
@@ -124,6 +128,7 @@ async def records_part(pg_url: str, records: int, repeat: int) -> dict[str, Any]
             "writersPerReplica": WRITERS,
             "recordsPerSecond": round(statistics.median(rates[arm]), 1),
             "recordsPerSecondRange": [round(min(rates[arm]), 1), round(max(rates[arm]), 1)],
+            "load": loads[arm],
         }
         for arm in arms
     }
@@ -215,13 +220,16 @@ async def throughput_part(bed: Bed, runs: int, repeat: int) -> dict[str, Any]:
     append_ms: dict[str, list[float]] = {a: [] for a in arms}
     records: dict[str, list[float]] = {a: [] for a in arms}
     unfinished: dict[str, list[int]] = {a: [] for a in arms}
+    loads: dict[str, list[dict[str, Any]]] = {a: [] for a in arms}
     for i in range(repeat):
         for arm in rotated(list(arms), i):
             seconds0, count0 = await _append_totals(urls[arm])
             started = time.perf_counter()
-            handles = await _spawn_many(urls[arm], runs, "set_status")
-            over = await _await(urls[arm][-1], handles)
+            with LoadWatch() as load:
+                handles = await _spawn_many(urls[arm], runs, "set_status")
+                over = await _await(urls[arm][-1], handles)
             took = time.perf_counter() - started
+            loads[arm].append(load.summary())
             done = sum(s["state"] == "finished" for s in over)
             unfinished[arm].append(runs - done)  # not over when the await gave up
             seconds1, count1 = await _append_totals(urls[arm])
@@ -239,6 +247,7 @@ async def throughput_part(bed: Bed, runs: int, repeat: int) -> dict[str, Any]:
             "appendMeanMsRange": [round(min(append_ms[arm]), 2), round(max(append_ms[arm]), 2)],
             "recordsPerRun": round(statistics.median(records[arm]), 1),
             "unfinished": unfinished[arm],
+            "load": loads[arm],
         }
         for arm, r in rates.items()
     }

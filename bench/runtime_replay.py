@@ -5,7 +5,9 @@ Generates two journals through the state machine and the journal's own record fu
 of finished runs (spawn, 3 tool rounds with a 500-character result each, the answer) and one
 of unfinished runs (spawn, 2 rounds: they would resume). Times, over `--repeat` passes, reading
 and decoding the file (`JournalFile.open`) and replaying the records (`journal.replay`); the
-figure is the median pass. Writes bench/results/runtime_replay.json.
+figure is the median pass, with the machine's load over the passes (`common.LoadWatch`). The two
+journals are two workloads, not arms to compare, so their order is fixed. Writes
+bench/results/runtime_replay.json.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_result
+from bench.common import LoadWatch, write_result
 from luftpause.runtime import journal
 from luftpause.runtime import machine as m
 from luftpause.runtime.store import JournalFile
@@ -82,7 +84,9 @@ def bench(finished: int, unfinished: int, repeat: int) -> dict[str, Any]:
             state_dir = Path(tmp) / name
             state_dir.mkdir()
             size = _write(state_dir / "runs.jsonl", runs, rounds, finish)
-            out[name] = {"bytes": size, **_time(state_dir, repeat)}
+            with LoadWatch() as load:
+                timed = _time(state_dir, repeat)
+            out[name] = {"bytes": size, **timed, "load": load.summary()}
     return out
 
 

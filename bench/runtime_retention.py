@@ -16,7 +16,7 @@ pass (`retention.expired`, `JournalFile.archive`, a week's age) makes the "after
 a copy, and is timed.
 
 Two measures per arm, each in a fresh process, arms alternated with their order rotated per
-repeat:
+repeat, the machine's load recorded per arm and repeat (`common.LoadWatch`, under "load"):
 - `startSeconds`: `luftpause runtime` from exec until `/health` answers (reading and replaying
   the journal, the runs made, the start's retention pass, the server up), on a copy of the
   state dir, with its peak memory; "before" with `--retain-finished 0` (every run kept, as the
@@ -47,7 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import rotated, write_result
+from bench.common import LoadWatch, rotated, write_result
 from luftpause.runtime import forks, journal, retention
 from luftpause.runtime import machine as m
 from luftpause.runtime.store import JOURNAL_NAME, JournalFile
@@ -271,11 +271,14 @@ def bench(finished: int, live: int, repeat: int) -> dict[str, Any]:
         arms = {name: (path, age) for name, path, age in _arms(before, after)}
         starts: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
         replays: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
+        loads: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
         for i in range(repeat):
             for name in rotated(list(arms), i):
                 path, age = arms[name]
-                starts[name].append(start_measured(path, work, age))
-                replays[name].append(replay_measured(path))
+                with LoadWatch() as load:
+                    starts[name].append(start_measured(path, work, age))
+                    replays[name].append(replay_measured(path))
+                loads[name].append(load.summary())
                 print(f"{name}: start {starts[name][-1]}, replay {replays[name][-1]}", flush=True)
         live_bytes = (after / JOURNAL_NAME).stat().st_size
     out: dict[str, Any] = {
@@ -292,6 +295,7 @@ def bench(finished: int, live: int, repeat: int) -> dict[str, Any]:
             "liveRuns": replays[name][0]["live"],
             "start": _summary(starts[name]),
             "replay": _summary(replays[name]),
+            "load": loads[name],
         }
     return out
 

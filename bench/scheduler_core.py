@@ -11,7 +11,8 @@ each replica is probed and the clock ticks. Writes bench/results/scheduler_core.
 
 `--against REF` measures the core of another commit (a git ref) beside this one: its tree is
 checked out into a temporary git worktree, and every trial runs in a fresh process, this
-tree's and the other's alternated (new, old, new, old, ...), so both see the same machine.
+tree's and the other's alternated, their order rotated from trial to trial (new, old, old, new,
+...), so both see the same machine; each trial records the machine's load while it ran.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_result
+from bench.common import LoadWatch, rotated, write_result
 from luftpause.common.config import Endpoint
 from luftpause.scheduler.core.decide import decide, initial_state
 from luftpause.scheduler.core.events import (
@@ -176,8 +177,10 @@ def measure_in(tree: Path, runs: int, events: int, seed: int, saturated: bool) -
 
 def summary(trials: list[dict[str, Any]]) -> dict[str, Any]:
     rates = [t["events_per_s"] for t in trials]
+    loads = [t["load"] for t in trials if "load" in t]
     return {
-        **trials[0],
+        **{k: v for k, v in trials[0].items() if k != "load"},
+        **({"load": loads} if loads else {}),
         "events_per_s": round(statistics.median(rates)),
         "events_per_s_min": min(rates),
         "events_per_s_max": max(rates),
@@ -203,11 +206,16 @@ def compare(ref: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         try:
             for saturated in (False, True):
                 for runs in args.runs:
-                    new_t, old_t = [], []
+                    trials: dict[str, list[dict[str, Any]]] = {"new": [], "old": []}
+                    trees = {"new": ROOT, "old": old}
                     for k in range(args.repeats):
-                        new_t.append(measure_in(ROOT, runs, args.events, args.seed + k, saturated))
-                        old_t.append(measure_in(old, runs, args.events, args.seed + k, saturated))
-                    new, was = summary(new_t), summary(old_t)
+                        for arm in rotated(list(trees), k):
+                            with LoadWatch() as load:
+                                got = measure_in(
+                                    trees[arm], runs, args.events, args.seed + k, saturated
+                                )
+                            trials[arm].append({**got, "load": load.summary()})
+                    new, was = summary(trials["new"]), summary(trials["old"])
                     row = {
                         "runs": runs,
                         "saturated": saturated,

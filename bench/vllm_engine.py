@@ -7,8 +7,9 @@ serves every part in turn; writes bench/results/vllm_engine.json.
 
 - ready: seconds from starting the replica until `/health` answers (one start).
 - batching: decode tokens per second of 1 request against `--batch` requests at once (each
-  128 tokens, end of sequence ignored), the two arms alternating their order each repeat;
-  the ratio is the batch's rate over one request's.
+  128 tokens, end of sequence ignored), the two arms alternating their order each repeat
+  (`common.rotated`), the machine's load per arm and repeat under "load"; the ratio is the
+  batch's rate over one request's.
 - prefix cache: a prompt of about 1,270 tokens (a new one each repeat) sent twice, one output
   token each: seconds cold and warm, and the prompt tokens `usage` reports cached.
 - tool calls: `--runs` runs per tool style through `loadgen.turn` (streamed, as the matrix's
@@ -37,7 +38,7 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from bench.common import write_result
+from bench.common import LoadWatch, rotated, write_result
 from bench.flood import REAL_WORKLOAD
 from bench.vllm_pool import KV_GIB, MODEL, start_vllm_engines
 from luftpause.testkit.loadgen import Run, Workload, answers, turn
@@ -78,13 +79,15 @@ async def _decode(client: AsyncOpenAI, concurrent: int, tag: str) -> float:
 
 async def batching(client: AsyncOpenAI, repeats: int, batch: int) -> dict[str, Any]:
     arms: dict[str, list[float]] = {"one": [], "batch": []}
+    loads: dict[str, list[dict[str, Any]]] = {"one": [], "batch": []}
     ratios = []
     for rep in range(repeats):
-        order = ("one", "batch") if rep % 2 == 0 else ("batch", "one")
         rates = {}
-        for arm in order:
-            rates[arm] = await _decode(client, 1 if arm == "one" else batch, f"{rep}{arm}")
+        for arm in rotated(list(arms), rep):
+            with LoadWatch() as load:
+                rates[arm] = await _decode(client, 1 if arm == "one" else batch, f"{rep}{arm}")
             arms[arm].append(rates[arm])
+            loads[arm].append(load.summary())
         ratios.append(rates["batch"] / rates["one"])
         print(f"batching repeat {rep + 1}: {rates['one']:.1f} vs {rates['batch']:.1f} tok/s")
     return {
@@ -93,6 +96,7 @@ async def batching(client: AsyncOpenAI, repeats: int, batch: int) -> dict[str, A
         "one_tokens_per_s": _spread(arms["one"]),
         "batch_tokens_per_s": _spread(arms["batch"]),
         "ratio": _spread(ratios),
+        "load": loads,
     }
 
 
