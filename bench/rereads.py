@@ -6,11 +6,13 @@ repeats); `--logs DIR` adds other runs of the same arms. Writes
 bench/results/rereads.json (or `--out NAME`).
 
 Each arm starts fresh engines, so an engine log is one segment per arm and repeat, in the order
-the flood ran them (each starts with llama.cpp's "loading model" line). For every turn the log
-gives its prompt length (tokens at release less the tokens generated) and how many prompt tokens
-it evaluated. First turns all have about the same prompt (the shared preamble and a task of
-fixed size); a turn whose prompt is longer than the shortest in its segment by more than
-`CONTINUATION_MARGIN` tokens carries an earlier reply and tool result, so it is a continuation.
+the flood ran them (each starts with llama.cpp's "loading model" line): the arms' order per
+repeat the result records (`orders`; a result without one ran every repeat in its arms' order).
+For every turn the log gives its prompt length (tokens at release less the tokens generated)
+and how many prompt tokens it evaluated. First turns all have about the same prompt (the shared
+preamble and a task of fixed size); a turn whose prompt is longer than the shortest in its
+segment by more than `CONTINUATION_MARGIN` tokens carries an earlier reply and tool result, so
+it is a continuation.
 A continuation that evaluated more than half its prompt found its context in neither the
 engine's slots nor its prompt cache: it re-read it. Over all turns, the prompt tokens not
 evaluated are the arm's share served from cache, as the engines count it (both classes).
@@ -22,10 +24,11 @@ import argparse
 import json
 import re
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, machine
+from bench.common import RESULTS, write_result
 
 CONTINUATION_MARGIN = 30
 COLUMNS = [
@@ -90,20 +93,26 @@ def reach(turns: list[tuple[int, int]]) -> tuple[int, int]:
     return new, sum(p for p, _ in turns) - evaluated
 
 
-def per_arm(logs: Path, arms: list[str]) -> dict[str, list[list[int]]]:
+def per_arm(
+    logs: Path, arms: list[str], orders: Sequence[Sequence[str]] | None = None
+) -> dict[str, list[list[int]]]:
     """arm -> per repeat `COLUMNS`, summed over the run's engines. The repeats in `logs` are
     its engine starts per arm (a result grown by `bench.flood --append` names only the last
-    invocation's directory).
+    invocation's directory), repeat k's in `orders[k]` (None: every repeat in `arms`' order).
+    The runs `--logs` adds are taken to be the same command's: their repeats ran in `orders`.
     """
     out: dict[str, list[list[int]]] = {arm: [] for arm in arms}
     for path in sorted(logs.glob("engine-*.log")):
         segs = segments(path.read_text(errors="replace"))
         if not segs or len(segs) % len(arms):
             raise SystemExit(f"{path}: {len(segs)} engine starts, not a whole number per arm")
+        if orders is not None and len(segs) > len(arms) * len(orders):
+            raise SystemExit(f"{path}: {len(segs)} engine starts, over {len(orders)} repeats")
         for reps in out.values():
             reps.extend([0] * len(COLUMNS) for _ in range(len(segs) // len(arms) - len(reps)))
         for i, turns in enumerate(segs):
-            counts = out[arms[i % len(arms)]][i // len(arms)]
+            order = arms if orders is None else orders[i // len(arms)]
+            counts = out[order[i % len(arms)]][i // len(arms)]
             for k, n in enumerate((*rereads(turns), *cached(turns), *reach(turns))):
                 counts[k] += n
     return out
@@ -116,9 +125,9 @@ def main() -> None:
     p.add_argument("--out", default="rereads", help="result name under bench/results")
     args = p.parse_args()
     flood = json.loads((RESULTS / f"{args.result}.json").read_text())
-    arms = flood["args"]["arms"]
+    arms, orders = flood["args"]["arms"], flood.get("orders")
     dirs = [Path(flood["logs"]), *args.logs]
-    found = [per_arm(d, arms) for d in dirs]
+    found = [per_arm(d, arms, orders) for d in dirs]
     runs = [{"logs": str(d), "per_arm": f} for d, f in zip(dirs, found, strict=True)]
     totals = {arm: [0] * len(COLUMNS) for arm in arms}
     for by_arm in found:
@@ -126,7 +135,6 @@ def main() -> None:
             for counts in reps:
                 totals[arm] = [a + b for a, b in zip(totals[arm], counts, strict=True)]
     result: dict[str, Any] = {
-        "machine": machine(),
         "benchmark": "rereads",
         "flood": args.result,
         "continuation_margin": CONTINUATION_MARGIN,
@@ -134,8 +142,7 @@ def main() -> None:
         "columns": COLUMNS,
         "totals": totals,
     }
-    path = RESULTS / f"{args.out}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result(args.out, result)
     for arm, (reread, cont, prompt, hit, new, reachable) in totals.items():
         if not prompt:
             continue

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bench.rereads import cached, reach, rereads, segments
+from pathlib import Path
+
+import pytest
+
+from bench.rereads import cached, per_arm, reach, rereads, segments
 
 
 def _turn(task: int, prompt: int, evaluated: int, generated: int) -> str:
@@ -53,3 +57,28 @@ def test_what_placement_could_win_counts_first_turns_and_rereads_as_typical() ->
     assert reach(first) == (1740, 4338 - (1040 + 700 + 60 + 60))
     assert reach(second) == (1040, 0)
     assert reach([]) == (0, 0)
+
+
+START = "I srv    load_model: loading model 'm.gguf'\n"
+# Arm a's runs re-read their context, arm b's find it: each segment says whose it is.
+SEGMENT = {
+    "a": START + _turn(1, 1040, 1040, 40) + _turn(2, 1160, 800, 40),
+    "b": START + _turn(1, 1040, 1040, 40) + _turn(2, 1100, 60, 40),
+}
+
+
+def test_each_segment_goes_to_the_arm_the_repeats_rotated_order_ran_there(tmp_path: Path) -> None:
+    orders = [["a", "b"], ["b", "a"]]
+    (tmp_path / "engine-0.log").write_text("".join(SEGMENT[arm] for o in orders for arm in o))
+    counts = per_arm(tmp_path, ["a", "b"], orders)
+    assert [rep[:2] for rep in counts["a"]] == [[1, 1], [1, 1]]
+    assert [rep[:2] for rep in counts["b"]] == [[0, 1], [0, 1]]
+    # A result from before the rotation: every repeat in the arms' order.
+    unrotated = per_arm(tmp_path, ["a", "b"])
+    assert [rep[:2] for rep in unrotated["a"]] == [[1, 1], [0, 1]]
+
+
+def test_a_log_with_more_repeats_than_the_result_ran_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "engine-0.log").write_text(SEGMENT["a"] + SEGMENT["b"] * 3)
+    with pytest.raises(SystemExit, match="4 engine starts, over 1 repeats"):
+        per_arm(tmp_path, ["a", "b"], [["a", "b"]])
