@@ -5,7 +5,7 @@ whether it does. Each `Figure` names its result file (bench/results/NAME.json) a
 exact text the README carries for it, so a rerun that moves a number fails the test
 (tests/test_readme_figures.py) until the README says what the file says, and a figure that no
 file backs cannot be registered. The files record the commit they ran on (`machine.commit`,
-bench.common.provenance); `commit_note` renders the line under a table that says so.
+bench.common.provenance), which the README says under each table.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bench.common import RESULTS
@@ -42,77 +41,67 @@ def x(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}x"
 
 
-def commit_note(data: dict[str, Any]) -> str:
-    """`commit abcdef123456` of the run (with `, uncommitted changes` when the tree had any)."""
-    m = data.get("machine", {})
-    commit = m.get("commit") or "unknown"
-    return f"commit {commit[:12]}" + (", uncommitted changes" if m.get("dirty") else "")
+def median_of(values: list[float]) -> float:
+    return statistics.median(values)
 
 
-def matrix_cell(cell: str) -> Callable[[dict[str, Any]], str]:
-    """A matrix cell's ratios, interactive then batch, of the arms' medians over repeats, and
-    the repeats' spread of each arm (`1.15x / 1.13x`)."""
+def matrix_row(label: str, cell: str) -> Callable[[dict[str, Any]], str]:
+    """A row of the README's matrix table: its label, then interactive and batch ratios."""
 
     def render(data: dict[str, Any]) -> str:
         results = data["cells"][cell]["results"]
         v = verdict(cell, arm_figures(results[OURS]), arm_figures(results[BASELINE]))
-        return f"{x(v['interactive_x'])} / {x(v['batch_x'])}"
+        return f"| {label} | {x(v['interactive_x'])} | {x(v['batch_x'])} |"
 
     return render
 
 
-def matrix_repeats(cell: str) -> Callable[[dict[str, Any]], str]:
-    def render(data: dict[str, Any]) -> str:
-        reps = data["cells"][cell]["results"]
-        n = min(len(reps[OURS]), len(reps[BASELINE]))
-        window = data["cells"][cell]["args"].get("window_s")
-        return f"{n} repeats of {window:g} s"
-
-    return render
-
-
-def family_spread(cls: str, key: str = "summary") -> Callable[[dict[str, Any]], str]:
-    """The family's ratios for a class: min, 10th percentile, median, 90th percentile, max."""
+def medians_line(cell: str) -> Callable[[dict[str, Any]], str]:
+    """`3.6 against 3.5 interactive and 10.4 against 9.8 batch runs/min`: luftpause's and
+    cache_aware's medians over the repeats."""
 
     def render(data: dict[str, Any]) -> str:
-        s = data[key][cls]
+        results = data["cells"][cell]["results"]
+        ours, base = arm_figures(results[OURS]), arm_figures(results[BASELINE])
         return (
-            f"{cls} {s['median']:.2f}x (min {s['min']:.2f}x, p10 {s['p10']:.2f}x, "
-            f"p90 {s['p90']:.2f}x, max {s['max']:.2f}x)"
+            f"{median_of(ours['interactive']):.1f} against {median_of(base['interactive']):.1f} "
+            f"interactive and {median_of(ours['batch']):.1f} against "
+            f"{median_of(base['batch']):.1f} batch runs/min"
         )
 
     return render
 
 
-def family_behind(data: dict[str, Any]) -> str:
-    behind = data["summary"]["behind"]
-    seeds = data.get("seeds", [data.get("args", {}).get("seed", 1)])
-    models = data["summary"]["models"]
-    where = "none" if not behind else ", ".join(behind)
-    return f"{models} models, {len(seeds)} workload seeds each; behind: {where}"
+FIGURES: list[Figure] = [
+    Figure(
+        "matrix, llama.cpp plain messages",
+        "matrix_real_settle_text.json",
+        matrix_row("llama.cpp, tool results as plain messages", "real-text"),
+    ),
+    Figure(
+        "matrix, llama.cpp plain messages: the medians",
+        "matrix_real_settle_text.json",
+        medians_line("real-text"),
+    ),
+]
+"""The README's figures, each with the result file it cites."""
 
 
-def median_of(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-FIGURES: list[Figure] = []
-"""The README's figures; filled in by the sections below as each table is regenerated."""
-
-
-def register(*figures: Figure) -> None:
-    FIGURES.extend(figures)
+def _flat(text: str) -> str:
+    """`text` with every run of whitespace one space: a figure may wrap across lines."""
+    return " ".join(text.split())
 
 
 def check(readme: str, figures: list[Figure] | None = None) -> list[str]:
     """What the README gets wrong: one line per figure whose rendered text it lacks."""
     wrong = []
+    flat = _flat(readme)
     for f in FIGURES if figures is None else figures:
         if not (RESULTS / f.source).exists():
             wrong.append(f"{f.what}: its result file {f.source} is missing")
             continue
         text = f.text()
-        if text not in readme:
+        if _flat(text) not in flat:
             wrong.append(f"{f.what}: the README should read {text!r} ({f.source})")
     return wrong
 
@@ -121,7 +110,7 @@ def main() -> None:
     readme = README.read_text()
     for f in FIGURES:
         text = f.text() if (RESULTS / f.source).exists() else "(missing)"
-        mark = "ok  " if text in readme else "WRONG"
+        mark = "ok  " if _flat(text) in _flat(readme) else "WRONG"
         print(f"{mark} {f.what} [{f.source}]: {text}")
     wrong = check(readme)
     raise SystemExit(1 if wrong else 0)
