@@ -179,8 +179,10 @@ def table(models: list[dict[str, Any]]) -> str:
 
 
 def chosen_models(a: argparse.Namespace) -> list[tuple[EngineModel, str]]:
-    """The engine models to run, each with its tool style."""
-    rng = random.Random(f"style-{a.seed}")
+    """The engine models to run, each with its tool style (drawn with `--style-seed`, by
+    default the workload's seed)."""
+    style_seed = a.seed if getattr(a, "style_seed", None) is None else a.style_seed
+    rng = random.Random(f"style-{style_seed}")
     out: list[tuple[EngineModel, str]] = []
     for name in a.named:
         out.append((NAMED[name], a.style or "openai"))
@@ -251,6 +253,70 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
     return payload
 
 
+POOLED = ("runs_per_min", "turns_per_min", "cached_share")
+
+
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from the same models run at several workload seeds: per model and arm, each
+    class's runs and turns per minute and cached share averaged over the seeds, the ratios of
+    those means, and each seed's own ratios (`by_seed`). A window of 300 s finishes a few runs
+    per agent, so one seed's ratio moves in whole runs; the mean over seeds is the finer one."""
+    seeds = [r["args"]["seed"] for r in runs]
+    by_model: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        for m in r["models"]:
+            by_model.setdefault((m["name"], m["style"]), []).append(m)
+    models = []
+    for (name, style), rows in by_model.items():
+        if len(rows) != len(runs):
+            raise ValueError(f"{name} ({style}) is not in every run: pool runs of one draw")
+        arms: dict[str, dict[str, Any]] = {}
+        for arm in ARMS:
+            arms[arm] = {}
+            for cls in ("interactive", "batch"):
+                means: dict[str, float | None] = {}
+                for measure in POOLED:
+                    vals = [row["arms"][arm][cls].get(measure) for row in rows]
+                    got = [float(v) for v in vals if v is not None]
+                    means[measure] = round(statistics.fmean(got), 4) if got else None
+                arms[arm][cls] = means
+        row = {k: rows[0][k] for k in ("name", "family", "style", "engine", "flags")}
+        row |= {
+            "arms": arms,
+            "ratio": ratios(arms),
+            "ratio_turns": ratios(arms, "turns_per_min"),
+            "by_seed": {
+                str(seed): {"ratio": m["ratio"], "ratio_turns": m.get("ratio_turns")}
+                for seed, m in zip(seeds, rows, strict=True)
+            },
+        }
+        models.append(row)
+    return {
+        "benchmark": "family",
+        "lab": all(r.get("lab") for r in runs),
+        "seeds": seeds,
+        "pooled_from": [r.get("file", "") for r in runs],
+        "models": models,
+        "summary": summarise(models),
+        "summary_turns": summarise(models, "ratio_turns"),
+        "summary_by_seed": {
+            str(seed): summarise(r["models"]) for seed, r in zip(seeds, runs, strict=True)
+        },
+        "table": table(models),
+    }
+
+
+def pool_files(names: list[str], out: str) -> dict[str, Any]:
+    """`pooled` over result files of bench/results (names without .json)."""
+    runs = []
+    for name in names:
+        run = json.loads((RESULTS / f"{name}.json").read_text())
+        runs.append(run | {"file": f"{name}.json"})
+    payload = pooled(runs)
+    write_result(out, payload)
+    return payload
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--models", type=int, default=30, help="engine models to sample")
@@ -266,6 +332,19 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--window-s", type=float, default=300.0, help="simulated seconds per arm")
     p.add_argument("--seed", type=int, default=1, help="the workload's seed")
+    p.add_argument(
+        "--style-seed",
+        type=int,
+        help="the seed of each model's tool style draw (default: the workload's seed): give "
+        "runs at other workload seeds the same styles",
+    )
+    p.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="RESULT",
+        help="no run: pool these result files (bench/results/NAME.json, one draw at several "
+        "workload seeds) into --out",
+    )
     p.add_argument("--lab", action="store_true", help="virtual time (bench.pool_lab), no sockets")
     p.add_argument("--only", nargs="+", help="of the models named and sampled, only these")
     p.add_argument(
@@ -286,6 +365,11 @@ def main() -> None:
     a = p.parse_args()
     if a.lab and a.out == "family":
         a.out = "family_lab"
+    if a.pool:
+        out = pool_files(a.pool, a.out)
+        print(out["table"])
+        print(json.dumps(out["summary"], indent=2))
+        return
     out = asyncio.run(main_async(a))
     print(out["table"])
     print(json.dumps(out["summary"], indent=2))

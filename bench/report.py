@@ -367,6 +367,21 @@ def render(floods: dict[str, dict[str, Any]]) -> str:
                 data["table"],
                 "",
             ]
+    ttfb = RESULTS / "router_ttfb.json"
+    if ttfb.exists():
+        data = json.loads(ttfb.read_text())
+        parts += [
+            "## sglang-router's time to first byte, one suspect varied per arm",
+            "",
+            "One request at a time on a connection of its own (`python -m bench.router_ttfb`, "
+            f"commit {data['machine']['commit'][:10]}): median over rounds (min..max) of each "
+            "round's p50 and p90, in ms; added over the direct arm of the same kind; the "
+            "TCP_NODELAY the server's accepted socket had before any change; ACKs the kernel "
+            "sent on its delayed-ACK timer per request. See bench/router_ttfb.py for the arms.",
+            "",
+            data["table"],
+            "",
+        ]
     core = RESULTS / "scheduler_core_against.json"
     if core.exists():
         parts.append(comparison_section(json.loads(core.read_text())))

@@ -71,3 +71,60 @@ def test_only_keeps_the_named_models_with_the_tool_style_the_full_draw_gave_them
         ("issue-sglang", full["issue-sglang"]),
         ("llamacpp-26-20", full["llamacpp-26-20"]),
     ]
+
+
+def run_at(seed: int, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    for r in rows:
+        engine = {
+            "admission": "sglang",
+            "prefix_cache": "radix",
+            "block_size": 1,
+            "chunked_prefill": "off",
+            "chunk_tokens": 4096,
+            "kv_tokens": 96_000,
+            "max_running": 48,
+            "prefill_ms_per_token": 0.1,
+        }
+        r.update(family="f", style="openai", engine=engine, flags=[])
+    return {"args": {"seed": seed}, "lab": True, "models": rows}
+
+
+def test_pooling_seeds_averages_each_arm_and_keeps_every_seeds_own_ratio() -> None:
+    from bench.family import pooled
+
+    # One run fewer at seed 1 (behind on both there), one more at seed 2.
+    runs = [
+        run_at(1, [model("m", (9.0, 99.0), (10.0, 100.0))]),
+        run_at(2, [model("m", (11.0, 101.0), (10.0, 100.0))]),
+    ]
+    out = pooled(runs)
+    (m,) = out["models"]
+    assert m["arms"]["luftpause"]["interactive"]["runs_per_min"] == 10.0
+    assert m["ratio"] == {"interactive": 1.0, "batch": 1.0} and not behind(m["ratio"])
+    assert m["by_seed"]["1"]["ratio"] == {"interactive": 0.9, "batch": 0.99}
+    assert out["summary_by_seed"]["1"]["behind"] == ["m"] and out["summary"]["behind"] == []
+    assert out["seeds"] == [1, 2]
+
+
+def test_pooling_refuses_runs_of_different_draws() -> None:
+    import pytest
+
+    from bench.family import pooled
+
+    runs = [
+        run_at(1, [model("m", (9.0, 99.0), (10.0, 100.0))]),
+        run_at(2, [model("other", (9.0, 99.0), (10.0, 100.0))]),
+    ]
+    with pytest.raises(ValueError, match="not in every run"):
+        pooled(runs)
+
+
+def test_a_style_seed_keeps_the_first_draws_styles_at_another_workload_seed() -> None:
+    import argparse
+
+    from bench.family import chosen_models
+
+    base = dict(named=[], models=30, sampler_seed=26, style=None, only=None)
+    first = chosen_models(argparse.Namespace(**base, seed=1))
+    again = chosen_models(argparse.Namespace(**base, seed=2, style_seed=1))
+    assert [(m.name, st) for m, st in first] == [(m.name, st) for m, st in again]
