@@ -271,9 +271,10 @@ async def test_an_engine_503_reaches_the_client_unchanged_with_its_retry_after(
 async def test_a_hosted_429_is_waited_out_and_the_openai_client_gets_the_reply(
     stack: Stack,
 ) -> None:
-    """The hosted engine takes one request per window (3 s): of two turns sent together (so
-    both land in one window however slow the machine), one is refused with its Retry-After,
-    waited out by the dataplane and sent again; both clients see a reply."""
+    """The hosted engine takes one request per window (3 s) and reports no budget headers, so
+    luftpause cannot hold the second turn: of two turns sent together (both in one window
+    however slow the machine), one is refused with its Retry-After, waited out by the
+    dataplane and sent again; both clients see a reply."""
     finished = await stack.dataplane_turns("finished")
     waited = await stack.dataplane_metric("luftpause_dataplane_rate_limited_total")
 

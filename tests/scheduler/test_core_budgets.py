@@ -312,15 +312,19 @@ def unprobed_api(rid: str = "api") -> State:
 
 def test_an_endpoint_given_without_limits_takes_one_turn_at_a_time_until_its_first_reply() -> None:
     state = unprobed_api()
-    assert state.replicas["api"].limited and not open_replicas(state)
+    api = state.replicas["api"]
+    assert api.unread and api.capacity == 1 and not api.limited and not open_replicas(state)
     state, first = ask(state, "t1", at=1.0)
     state, second = ask(state, "t2", at=1.0, cls=ServiceClass.BATCH)
     state, third = ask(state, "t3", at=1.0)
     assert placed(first) == {"t1": "api"} and second == () and third == ()
-    # The reply's headers say 1,000 tokens a minute with 700 left: both fit at once.
+    assert set(state.held) == {"t2", "t3"}  # in the placement queues, by the usual rules
+    # The reply's headers say 1,000 tokens a minute with 700 left: the held turns go to the
+    # gate, and both fit at once.
     state, after = done(state, "t1", at=2.0, reading=tokens_left(700, 30.0), read_at=1.5)
-    assert placed(after) == {"t3": "api", "t2": "api"}  # interactive first
+    assert placed(after) == {"t3": "api", "t2": "api"}
     assert state.windows["api"].levels["tokens"].limit == 1000
+    assert state.replicas["api"].limited and not state.replicas["api"].unread
 
 
 def test_an_endpoint_whose_first_reply_reports_no_limits_has_none_from_then_on() -> None:
@@ -331,6 +335,7 @@ def test_an_endpoint_whose_first_reply_reports_no_limits_has_none_from_then_on()
     state, after = done(state, "t1", at=2.0)  # no rate-limit headers
     assert placed(after) == {"t2": "api", "t3": "api"}
     assert "api" not in state.windows and not state.replicas["api"].limited
+    assert not state.replicas["api"].unread and state.replicas["api"].capacity is None
     assert [r.id for r in open_replicas(state)] == ["api"]
     assert status_view(state, 2.0)["budgets"] == []
     # A refusal with headers later brings a window back.
@@ -352,16 +357,16 @@ def test_a_failed_first_turn_teaches_nothing_the_endpoint_stays_unread() -> None
     state, after = decide(state, TurnFailed(at=2.0, turn_id="t1", reason="engine status 500"))
     assert placed(after) == {"t2": "api"}  # the next turn goes, still one at a time
     state, third = ask(state, "t3", at=2.0)
-    assert third == () and state.replicas["api"].limited
+    assert third == () and state.replicas["api"].unread
 
 
 def test_a_probe_that_reads_engine_load_frees_an_endpoint_given_without_limits() -> None:
     # `limits: {}` asks for a window learned from replies: load on a probe does not drop it.
     state = initial_state([endpoint("engine"), hosted("api")])
-    assert state.replicas["engine"].limited and state.replicas["api"].limited
+    assert state.replicas["engine"].unread and not state.replicas["api"].unread
     for rid in ("engine", "api"):
         state, _ = decide(state, ProbeResult(at=0.0, replica_id=rid, healthy=True, **IDLE))
-    assert not state.replicas["engine"].limited and "engine" not in state.windows
+    assert not state.replicas["engine"].unread and "engine" not in state.windows
     assert state.replicas["api"].limited and "api" in state.windows
     assert [r.id for r in open_replicas(state)] == ["engine"]
 

@@ -547,7 +547,7 @@ class CoreMachine(RuleBasedStateMachine):
             assert len(replica.saves) == SAVES.get(rid, 0)
             kept = [run for run in replica.saves if run]
             assert len(kept) == len(set(kept)), "one run's context in two files"
-            assert replica.capacity == limit_of(replica.cap, replica.slots)
+            assert replica.capacity == limit_of(replica.cap, replica.slots, replica.unread)
         assert dict(s.caller_in_flight.items()) == dict(per_caller)
         per_run = Counter(t.run_id for t in s.turns.values())
         for run in s.runs.values():

@@ -408,11 +408,11 @@ def test_a_batch_placement_that_moves_a_run_takes_its_held_interactive_turn_alon
     # Found by the state machine once slots made b full: the batch pass of a drain moved run
     # r0 to a, which re-bucketed r0's held interactive turn after the interactive pass was over.
     state = initial_state([endpoint("a", ("m1", "m2")), endpoint("b", ("m1",))])
-    state, _ = decide(state, ProbeResult(at=0.0, replica_id="b", healthy=True))
+    state, _ = decide(state, ProbeResult(at=0.0, replica_id="b", healthy=True, **IDLE))
     state = cap(state, "b", 1)
     state, actions = admit(state, "t1", "r0", model="m1")
     assert placed(actions) == {"t1": "b"}
     state, _ = admit(state, "t2", "r0", model="m1")  # pinned to b, which is full
     state, _ = admit(state, "t3", "r0", model="m2", cls=BATCH)  # only a serves m2: down
-    state, actions = decide(state, ProbeResult(at=2.0, replica_id="a", healthy=True))
+    state, actions = decide(state, ProbeResult(at=2.0, replica_id="a", healthy=True, **IDLE))
     assert placed(actions) == {"t3": "a", "t2": "a"} and not state.held

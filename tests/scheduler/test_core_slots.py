@@ -22,7 +22,7 @@ from luftpause.scheduler.core.model import ServiceClass
 from luftpause.scheduler.core.placement import open_replicas
 from luftpause.scheduler.core.state import State
 from luftpause.scheduler.core.status import status_view
-from tests.scheduler.helpers import MODEL, admit, cap, endpoint, finish, placed
+from tests.scheduler.helpers import IDLE, MODEL, admit, cap, endpoint, finish, placed
 
 BATCH = ServiceClass.BATCH
 
@@ -146,7 +146,7 @@ def test_a_retried_admission_names_the_same_slot() -> None:
 
 def test_replicas_without_slots_name_none() -> None:
     state = initial_state([endpoint("a")])
-    state, _ = decide(state, ProbeResult(at=0.0, replica_id="a", healthy=True))
+    state, _ = decide(state, ProbeResult(at=0.0, replica_id="a", healthy=True, **IDLE))
     state, actions = admit(state, "t1", "r1")
     assert slot_of(actions, "t1") is None and state.replicas["a"].capacity is None
 

@@ -236,7 +236,7 @@ async def test_target_slower_than_the_period_is_left_out_and_the_probe_still_rep
             await until(host, "router", load_is(1, 1))
 
 
-async def test_router_whose_targets_give_no_load_is_healthy_and_uncapped() -> None:
+async def test_router_whose_targets_give_no_load_is_healthy_and_uncapped_by_load() -> None:
     front = FakeServer(metrics=sglang(9, 9))
     silent = FakeServer(metrics="# nothing here\n")
     async with running(front, silent):
@@ -246,7 +246,8 @@ async def test_router_whose_targets_give_no_load_is_healthy_and_uncapped() -> No
             await probed(lambda: silent.metrics_hits)
             replica = host.state.replicas["router"]
             assert replica.healthy and replica.engine_running is None
-            assert replica.capacity is None
+            # No load read: like a hosted API it takes one turn until its first reply.
+            assert replica.cap is None and replica.unread and replica.capacity == 1
 
 
 async def test_router_health_comes_from_its_own_health_path() -> None:

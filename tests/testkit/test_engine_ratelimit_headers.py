@@ -55,6 +55,12 @@ def test_openai_headers_carry_requests_and_tokens_only() -> None:
     }
 
 
+def test_a_provider_that_reports_no_budgets_sends_no_headers_but_a_refusals_wait() -> None:
+    views = [BudgetView(name="requests", limit=1, remaining=0, reset_s=3.0)]
+    assert render("none", views, DEC_1) == {}
+    assert retry_headers(3.0)["Retry-After"] == "3"
+
+
 def test_anthropic_headers_name_every_budget_and_reset_at_a_time() -> None:
     views = [BudgetView(name="output_tokens", limit=80, remaining=5, reset_s=2.0)]
     assert render("anthropic", views, DEC_1) == {

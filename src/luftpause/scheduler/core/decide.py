@@ -89,6 +89,10 @@ def initial_state(
     generative: dict[str, list[str]] = {}
     single: dict[str, list[str]] = {}
     for e in endpoints:
+        # No `limits` and nothing that says it is an engine of our own (its KV pool, slots,
+        # running cap or priorities): unread until its first reply or probe (`Replica.unread`).
+        engine = bool(e.kv_tokens or e.slots or e.max_running or e.priority)
+        unread = e.kind is EndpointKind.GENERATIVE and e.limits is None and not engine
         replicas[e.id] = Replica(
             id=e.id,
             url=e.base_url,
@@ -98,10 +102,11 @@ def initial_state(
             slots=e.slots,
             slot_runs=("",) * e.slots,
             saves=("",) * e.slot_saves,
-            capacity=limit_of(None, e.slots),
+            capacity=limit_of(None, e.slots, unread),
             kv_config=e.kv_tokens,
             kv_tokens=e.kv_tokens or None,
             max_running=e.max_running or None,
+            unread=unread,
         )
         index = single if e.kind is EndpointKind.SINGLE_PASS else generative
         for m in sorted(e.models):
@@ -331,6 +336,7 @@ def _observe(d: Draft, ev: TurnFinished | TurnFailed, *, refused: bool) -> None:
         gate.observe(d, turn, ev.reading, ev.reading_at, sent_at, refused=refused)
     elif isinstance(ev, TurnFinished):  # a reply without rate-limit headers
         gate.unread_done(d, turn.replica)
+        placement.mark_read(d, turn.replica)
 
 
 def _place_action(

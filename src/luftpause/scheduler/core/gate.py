@@ -33,13 +33,13 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from luftpause.common.config import Endpoint, EndpointKind
+from luftpause.common.config import Endpoint
 from luftpause.common.ratelimits import Reading
-from luftpause.scheduler.core import readings
+from luftpause.scheduler.core import queues, readings
 from luftpause.scheduler.core import windows as w
 from luftpause.scheduler.core.learned import Replies
 from luftpause.scheduler.core.model import HeldTurn, KeyLimits, Replica, ServiceClass, Turn, evolve
-from luftpause.scheduler.core.placement import has_room, set_replica
+from luftpause.scheduler.core.placement import has_room, mark_read, set_replica
 from luftpause.scheduler.core.state import Draft, View
 
 DEFAULT_REPLY_TOKENS = 256
@@ -63,15 +63,10 @@ class Outcome:
 
 
 def setup(d: Draft, endpoints: Iterable[Endpoint]) -> None:
-    """Windows for the endpoints whose file states `limits`, and an unread one for each other
-    generative endpoint (initial state): an endpoint not read yet takes one turn at a time, so
-    a hosted API's first burst is not refused before its first reply's headers tell its limits
-    (`unread_done`)."""
+    """Windows for the endpoints whose file states `limits` (initial state). An endpoint
+    without is `Replica.unread` until its first reply or probe."""
     for e in endpoints:
-        if e.limits is None:
-            if e.kind is EndpointKind.GENERATIVE:
-                _attach(d, d.windows.get(e.id) or w.Window(id=e.id, assumed=True), e.id)
-        else:
+        if e.limits is not None:
             limits = e.limits
             wid = limits.share or e.id
             window = d.windows.get(wid)
@@ -89,6 +84,9 @@ def setup(d: Draft, endpoints: Iterable[Endpoint]) -> None:
 
 
 def _attach(d: Draft, window: w.Window, replica_id: str) -> None:
+    """`replica_id` is rate-limited by `window` from now on. The turns of its models held in
+    the placement queues go to the gate, as if they had arrived now (a key's turn, whose key
+    reserved its cost when it passed the gate, stays queued)."""
     if replica_id not in window.replicas:
         window = evolve(window, replicas=(*window.replicas, replica_id))
     d.windows = d.windows.set(window.id, window)
@@ -96,18 +94,19 @@ def _attach(d: Draft, window: w.Window, replica_id: str) -> None:
     replica = d.replicas.get(replica_id)
     if replica is not None and not replica.limited:
         set_replica(d, evolve(replica, limited=True))
+        for held in sorted(d.held.values(), key=lambda h: h.seq):
+            if held.model in replica.models and not held.single_pass and held.key is None:
+                queues.remove(d, held)
+                d.budget_held = d.budget_held.set(held.id, held)
 
 
-def unread_done(d: Draft, replica_id: str, *, assumed_only: bool = False) -> None:
-    """`replica_id` showed it has no rate limit: a reply came without rate-limit headers, or
-    (`assumed_only`, for windows the endpoint file did not ask for) a probe read its engine's
-    load, so it is an engine of our own. A window not read yet lets it go: it is no longer
-    rate-limited, until a reply's headers (a 429's) bring a window back (`observe`)."""
+def unread_done(d: Draft, replica_id: str) -> None:
+    """`replica_id`'s reply came without rate-limit headers: a window the endpoint file asked
+    to learn (`limits: {}`) and no reading has filled lets it go: it is not rate-limited,
+    until a reply's headers (a 429's) bring a window back (`observe`)."""
     wid = d.window_of.get(replica_id)
     window = None if wid is None else d.windows.get(wid)
     if window is None or window.own or window.levels or window.read_at >= 0:
-        return
-    if assumed_only and not window.assumed:
         return
     d.window_of = d.window_of.delete(replica_id)
     rest = tuple(r for r in window.replicas if r != replica_id)
@@ -348,6 +347,7 @@ def observe(
             return
         wid = turn.replica
         _attach(d, d.windows.get(wid) or w.Window(id=wid), turn.replica)
+    mark_read(d, turn.replica)
     window = readings.observe(
         d.windows[wid], reading, at, sent_at=sent_at, turn_id=turn.id, refused=refused
     )

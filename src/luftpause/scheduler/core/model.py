@@ -195,8 +195,11 @@ def next_cap(replica: Replica, running: int | None, waiting: int | None) -> int 
     return cap + 1 if replica.in_flight >= cap else cap
 
 
-def limit_of(cap: int | None, slots: int) -> int | None:
-    """A replica's turn limit from its engine-load cap and its engine slots (0: none)."""
+def limit_of(cap: int | None, slots: int, unread: bool = False) -> int | None:
+    """A replica's turn limit from its engine-load cap and its engine slots (0: none); one
+    while it is `unread` (see `Replica.unread`)."""
+    if unread:
+        return 1
     if not slots:
         return cap
     return slots if cap is None else min(cap, slots)
@@ -267,6 +270,12 @@ class Replica:
     # Rate-limited (a hosted API with a window, see `gate`): its turns are admitted by its
     # budget, never placed by a dataplane on its own.
     limited: bool = False
+    # Not known yet to have no rate limit (the endpoint file gives no `limits`): it takes one
+    # turn at a time (`capacity` 1), so a hosted API's first burst is not refused before its
+    # first reply's headers say what it allows. A reply without rate-limit headers, or a probe
+    # that reads its engine's load (an engine of our own), ends it (`upkeep.read`); a reply
+    # with them makes it rate-limited (`gate.observe`).
+    unread: bool = False
 
     def __post_init__(self) -> None:
         _check_id("replica id", self.id)
@@ -278,7 +287,7 @@ class Replica:
             raise ValueError(f"replica {self.id}: slot_runs must have one entry per slot")
         if self.saves and not self.slots:
             raise ValueError(f"replica {self.id}: saves need slots")
-        if self.capacity != limit_of(self.cap, self.slots):
+        if self.capacity != limit_of(self.cap, self.slots, self.unread):
             raise ValueError(f"replica {self.id}: capacity must follow cap and slots")
         if self.resident_tokens < 0 or (self.kv_tokens is not None and self.kv_tokens < 1):
             raise ValueError(f"replica {self.id}: negative KV figures")

@@ -44,7 +44,15 @@ import immutables
 
 from luftpause.common.config import EndpointKind
 from luftpause.scheduler.core.cost import cost
-from luftpause.scheduler.core.model import Bucket, HeldTurn, Replica, Run, ServiceClass
+from luftpause.scheduler.core.model import (
+    Bucket,
+    HeldTurn,
+    Replica,
+    Run,
+    ServiceClass,
+    evolve,
+    limit_of,
+)
 from luftpause.scheduler.core.state import Draft, View
 
 _CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
@@ -131,6 +139,17 @@ def set_replica(d: Draft, new: Replica) -> None:
     if is_open(new) != is_open(old):
         d.open_version += 1
     d.replicas = d.replicas.set(new.id, new)
+
+
+def mark_read(d: Draft, replica_id: str) -> None:
+    """`replica_id` is no longer unread (`Replica.unread`): its cap and slots bound it again,
+    and its held turns may go."""
+    replica = d.replicas.get(replica_id)
+    if replica is None or not replica.unread:
+        return
+    capacity = limit_of(replica.cap, replica.slots)
+    set_replica(d, evolve(replica, unread=False, capacity=capacity))
+    d.opened.append(replica_id)
 
 
 def rebuild(d: Draft) -> None:

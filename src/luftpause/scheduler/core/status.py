@@ -42,6 +42,7 @@ def status_view(state: State, now: float) -> dict[str, Any]:
             "pending_prefill_tokens": r.pending_prefill,
             "capacity": r.capacity,
             "capped": r.capacity is not None,
+            "unread": r.unread,
             "engine_running": r.engine_running,
             "engine_waiting": r.engine_waiting,
             # Interactive runs paused on a tool whose home is this replica, and of those the

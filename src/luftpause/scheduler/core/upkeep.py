@@ -6,7 +6,7 @@ Pure module: functions that change a `Draft`, no I/O; time is an argument. `deci
 
 from __future__ import annotations
 
-from luftpause.scheduler.core import expiry, gate, holds, lifecycle, residency
+from luftpause.scheduler.core import expiry, holds, lifecycle, residency
 from luftpause.scheduler.core.events import (
     Action,
     DataplaneReleased,
@@ -15,7 +15,7 @@ from luftpause.scheduler.core.events import (
     TurnExpired,
 )
 from luftpause.scheduler.core.model import Bucket, evolve, kv_full, limit_of, next_cap
-from luftpause.scheduler.core.placement import set_replica
+from luftpause.scheduler.core.placement import mark_read, set_replica
 from luftpause.scheduler.core.state import Draft
 
 
@@ -24,9 +24,9 @@ def probe(d: Draft, ev: ProbeResult) -> None:
     replica = d.replicas.get(ev.replica_id)
     if replica is None:
         return
-    if ev.running is not None and replica.limited:
-        # It reports its engine's load: an engine of our own, not a hosted API (see `gate`).
-        gate.unread_done(d, replica.id, assumed_only=True)
+    if ev.running is not None and replica.unread:
+        # It reports its engine's load: an engine of our own, not a hosted API.
+        mark_read(d, replica.id)
         replica = d.replicas[ev.replica_id]
     pool = replica.kv_config or ev.kv_total or replica.kv_tokens
     most = ev.max_running or replica.max_running
@@ -54,7 +54,7 @@ def probe(d: Draft, ev: ProbeResult) -> None:
         engine_running=ev.running,
         engine_waiting=ev.waiting,
         cap=cap,
-        capacity=limit_of(cap, replica.slots),
+        capacity=limit_of(cap, replica.slots, replica.unread),
         kv_used=ev.kv_used,
         kv_bound=kv_bound,
     )

@@ -145,9 +145,6 @@ class Window:
     levels: immutables.Map[str, Level] = _EMPTY
     # Our own bucket (stated limits, a key's budget): no provider readings.
     own: bool = False
-    # No `limits` in the endpoint file: the endpoint is taken to be rate-limited until its
-    # first reply says otherwise (or a probe reads its engine's load: an engine of our own).
-    assumed: bool = False
     refill: Refill = _NO_REFILL
     read_at: float = -1.0
     cooldown_until: float = 0.0

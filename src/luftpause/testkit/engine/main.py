@@ -281,7 +281,7 @@ def _rate_limit_args(p: argparse.ArgumentParser) -> None:
         choices=HEADER_FAMILIES,
         default=_S.rate_limit_headers,
         help="openai: x-ratelimit-* with durations; anthropic: anthropic-ratelimit-* with "
-        "RFC 3339 resets",
+        "RFC 3339 resets; none: only a 429's Retry-After",
     )
 
 

@@ -10,7 +10,9 @@ RFC 3339 resets are written against. What `luftpause.common.ratelimits.read` par
 - anthropic: `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
   remaining,reset}`, resets as RFC 3339 UTC times (`2026-12-01T18:49:30Z`, milliseconds when
   not whole);
-- both, on a 429: `Retry-After` (whole seconds, rounded up, at least 1) and `retry-after-ms`.
+- none: no budget headers at all (a provider, or a gateway, that says nothing of its limits
+  until it refuses);
+- all, on a 429: `Retry-After` (whole seconds, rounded up, at least 1) and `retry-after-ms`.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
 
-HeaderFamily = Literal["openai", "anthropic"]
-HEADER_FAMILIES: tuple[HeaderFamily, ...] = ("openai", "anthropic")
+HeaderFamily = Literal["openai", "anthropic", "none"]
+HEADER_FAMILIES: tuple[HeaderFamily, ...] = ("openai", "anthropic", "none")
 _OPENAI_BUDGETS = ("requests", "tokens")
 
 
@@ -58,6 +60,8 @@ def format_rfc3339(unix_s: float) -> str:
 def render(family: HeaderFamily, views: Iterable[BudgetView], wall_s: float) -> dict[str, str]:
     """The headers for these budgets; `wall_s` is now, in Unix seconds."""
     headers: dict[str, str] = {}
+    if family == "none":
+        return headers
     for view in views:
         if family == "openai":
             if view.name in _OPENAI_BUDGETS:
