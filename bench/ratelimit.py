@@ -45,7 +45,14 @@ import uvloop
 
 from bench.common import RESULTS, LoadWatch, rotated, write_result
 from bench.ratelimit_agents import BudgetSplit, Client, Turn, run_agent
-from bench.ratelimit_arms import align, counts, limits_of, planned_providers, start_arm
+from bench.ratelimit_arms import (
+    align,
+    align_phase_s,
+    counts,
+    limits_of,
+    planned_providers,
+    start_arm,
+)
 from bench.ratelimit_plan import (
     ARMS,
     DEFAULT_SCENARIOS,
@@ -131,6 +138,7 @@ async def one_arm(
         providers=scenario.providers,
         window_real_s=scenario.window_real_s,
         regime=scenario.regime,
+        phase_s=align_phase_s(scenario),
     )
     front = {"client_max_retries": retries, **config}
     if split is not None:
@@ -224,9 +232,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="the time-scaled stress scenarios (10-second windows) instead of the real-time ones",
     )
-    p.add_argument(
-        "--one-at-a-time", action="store_true", help="the scenarios one after another"
-    )
+    p.add_argument("--one-at-a-time", action="store_true", help="the scenarios one after another")
     p.add_argument(
         "--stated-limits",
         action="store_true",

@@ -47,6 +47,8 @@ LITELLM_ENV = {
     "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
     "LITELLM_TELEMETRY": "False",
     "LITELLM_LOG": "ERROR",
+    # No internet here: its packaged model cost map, not three failed fetches at each start.
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
 }
 
 
@@ -177,16 +179,22 @@ def align_wait_s(window_real_s: float, reset_s: float, phase_s: float) -> float:
     return phase_s - elapsed if elapsed <= phase_s else reset_s + phase_s
 
 
+def align_phase_s(scenario: Scenario) -> float:
+    """How far into a fixed window a measurement starts (0 for a bucket)."""
+    if scenario.regime != "fixed":
+        return 0.0
+    return min(ALIGN_PHASE_S, scenario.window_real_s / 2)
+
+
 async def align(session: aiohttp.ClientSession, scenario: Scenario, urls: Sequence[str]) -> float:
-    """Wait until `ALIGN_PHASE_S` into a window (fixed regime; a bucket needs no wait), then
+    """Wait until `align_phase_s` into a window (fixed regime; a bucket needs no wait), then
     zero every simulator's tally and make its budgets whole, so an arm starts as every other
     did; the seconds waited."""
     waited = 0.0
     if scenario.regime == "fixed":
         body = await limits_of(session, urls[0])
         reset = max(b["reset_s"] for b in body["budgets"].values())
-        phase = min(ALIGN_PHASE_S, scenario.window_real_s / 2)
-        waited = align_wait_s(scenario.window_real_s, reset, phase)
+        waited = align_wait_s(scenario.window_real_s, reset, align_phase_s(scenario))
         await asyncio.sleep(waited)
     await asyncio.gather(*(_reset(session, u) for u in urls))
     return waited

@@ -250,12 +250,20 @@ def ideal_seconds(charged: Charged, providers: Sequence[Provider], window_real_s
 
 
 def earliest_seconds(
-    charged: Charged, providers: Sequence[Provider], window_real_s: float, regime: str
+    charged: Charged,
+    providers: Sequence[Provider],
+    window_real_s: float,
+    regime: str,
+    phase_s: float = 0.0,
 ) -> float:
     """The earliest the budgets let `charged` finish: they start whole, so one window less
-    than the ideal (continuous), or than the whole windows it spans (fixed)."""
+    than the ideal (continuous), or than the whole windows it spans (fixed); a run that starts
+    `phase_s` into a fixed window meets each boundary that much sooner."""
     span = (lambda x: float(math.ceil(x))) if regime == "fixed" else (lambda x: x)
-    return max(0.0, _windows(charged, providers, span) - 1.0) * window_real_s
+    windows = max(0.0, _windows(charged, providers, span) - 1.0)
+    if regime == "fixed" and windows > 0:
+        return windows * window_real_s - phase_s
+    return windows * window_real_s
 
 
 def _windows(
@@ -330,9 +338,7 @@ def budget_weights(providers: Sequence[Provider]) -> tuple[int, ...]:
     return tuple(weights)
 
 
-def split_pick(
-    credit: Sequence[float], weights: Sequence[int]
-) -> tuple[int, tuple[float, ...]]:
+def split_pick(credit: Sequence[float], weights: Sequence[int]) -> tuple[int, tuple[float, ...]]:
     """Smooth weighted round robin: the provider the next turn goes to and the new credit
     (start from zeros). Over any run of turns each provider's count stays within one of its
     weight's share, and the picks interleave instead of coming in blocks."""

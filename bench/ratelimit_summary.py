@@ -81,8 +81,10 @@ def measure(
     providers: Sequence[Provider],
     window_real_s: float,
     regime: str,
+    phase_s: float = 0.0,
 ) -> dict[str, Any]:
-    """One arm's figures for one seed; `tallies` is each provider's tally by its id."""
+    """One arm's figures for one seed; `tallies` is each provider's tally by its id; `phase_s`:
+    how far into a fixed window the run started."""
     done = [t for t in turns if t.ok]
     charged = Charged(
         requests=len(done),
@@ -90,7 +92,7 @@ def measure(
         output_tokens=sum(t.completion_tokens for t in done),
     )
     ideal = ideal_seconds(charged, providers, window_real_s)
-    earliest = earliest_seconds(charged, providers, window_real_s, regime)
+    earliest = earliest_seconds(charged, providers, window_real_s, regime, phase_s)
     served = Counter(t.provider for t in done)
     ttfb = [t.ttfb_s for t in done if t.ttfb_s is not None]
     latency = [t.latency_s for t in done]
@@ -200,8 +202,7 @@ def describe(scenario: Scenario) -> str:
         for p in scenario.providers
     )
     timing = (
-        f"time scale {scenario.time_scale:g} (stress: windows of {scenario.window_real_s:g} "
-        "real s)"
+        f"time scale {scenario.time_scale:g} (stress: windows of {scenario.window_real_s:g} real s)"
         if scenario.stress
         else "real time"
     )
@@ -227,8 +228,7 @@ def section(result: Mapping[str, Any], stress: Mapping[str, Any] | None = None) 
         "failed after the client's own retries (the agent sent them again); turn latency and "
         "TTFB are as the agents saw them, retries and waits included. Earliest: what the "
         "budgets allow for the finished turns' tokens, since they start whole. "
-        f"{_side_by_side(result)}Measured {machine.get('when', '?')} on commit {str(machine.get('commit', '?'))[:10]}"
-        f"{' (with uncommitted changes)' if machine.get('dirty') else ''}.",
+        f"{_side_by_side(result)}{_measured(machine)}",
         "",
         "Arms:",
         "",
@@ -249,6 +249,12 @@ def section(result: Mapping[str, Any], stress: Mapping[str, Any] | None = None) 
             *_table_block(stress),
         ]
     return "\n".join(lines)
+
+
+def _measured(machine: Mapping[str, Any]) -> str:
+    commit = str(machine.get("commit", "?"))[:10]
+    dirty = " (with uncommitted changes)" if machine.get("dirty") else ""
+    return f"Measured {machine.get('when', '?')} on commit {commit}{dirty}."
 
 
 def _side_by_side(result: Mapping[str, Any]) -> str:

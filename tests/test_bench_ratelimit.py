@@ -105,6 +105,9 @@ def test_budgets_start_whole_so_the_earliest_end_is_a_window_before_the_ideal() 
     assert earliest_seconds(charged, ONE, 10.0, "continuous") == pytest.approx(15.0)
     assert earliest_seconds(charged, ONE, 10.0, "fixed") == pytest.approx(20.0)
     assert earliest_seconds(Charged(input_tokens=5_000), ONE, 10.0, "fixed") == 0.0
+    # Started 3 s into a fixed window, the next boundary is 7 s away.
+    assert earliest_seconds(charged, ONE, 10.0, "fixed", phase_s=3.0) == pytest.approx(17.0)
+    assert earliest_seconds(charged, ONE, 10.0, "continuous", phase_s=3.0) == pytest.approx(15.0)
 
 
 def test_litellm_gets_the_limits_per_real_minute_the_endpoint_file_per_window() -> None:
@@ -213,7 +216,7 @@ def test_the_default_scenarios_run_in_real_time_with_a_few_windows_of_work() -> 
 def test_the_simulator_gets_the_scenarios_limits_regime_and_headers() -> None:
     s = SCENARIOS["continuous-anthropic"]
     flags = sim_flags(s, s.providers[0])
-    assert {"--rpm=60", "--itpm=30000", "--otpm=1500"} <= set(flags)
+    assert {"--rpm=30", "--itpm=14000", "--otpm=800", "--time-scale"} <= set(flags)
     joined = " ".join(flags)
     assert "--rate-limit-regime continuous" in joined and "--rate-limit-headers anthropic" in joined
 
