@@ -43,7 +43,7 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from bench.common import RESULTS, LoadWatch, rotated, write_result
+from bench.common import RESULTS, LoadWatch, provenance, rotated, write_result
 from bench.ratelimit_agents import BudgetSplit, Client, Turn, run_agent
 from bench.ratelimit_arms import (
     align,
@@ -160,35 +160,50 @@ async def one_scenario(
     offset: int = 0,
 ) -> None:
     """Every seed of one scenario, the arms' order rotated per seed (and by `offset`, so that
-    scenarios running side by side run different arms at a time); `save()` after each seed.
-    An arm that fails or overruns its bound is recorded as failed, and the run goes on."""
+    scenarios running side by side run different arms at a time); `save()` after each arm.
+    An arm that fails or overruns its bound is recorded as failed, and the run goes on. A seed
+    the entry already has (`--fill`) runs only its arms that are missing or failed, marked as
+    run again."""
     scenario = quick(SCENARIOS[name]) if args.quick else SCENARIOS[name]
     for index, seed in enumerate(args.seeds):
         if index and args.seed_deadline is not None and time.monotonic() > args.seed_deadline:
             entry["seeds_not_started"] = args.seeds[index:]
             print(f"{name}: past --no-new-seed-after-min, seeds {args.seeds[index:]} not run")
             break
-        arms: dict[str, Any] = {}
-        order = [a for a in rotated(ARMS, index + offset) if a in args.arms]
-        for arm in order:
+        known = next((s for s in entry["seeds"] if s["seed"] == seed), None)
+        if known is None:
+            order = [a for a in rotated(ARMS, index + offset) if a in args.arms]
+            known = {"seed": seed, "order": order, "arms": {}}
+            entry["seeds"].append(known)
+        arms: dict[str, Any] = known["arms"]
+        for arm in [a for a in known["order"] if a in args.arms and _wanted(arms.get(a))]:
+            again = arm in arms
             try:
                 arms[arm] = await one_arm(scenario, arm, seed, workdir, args)
             except Exception as exc:  # recorded in the result: one arm's failure is a figure
                 arms[arm] = {"failed": f"{type(exc).__name__}: {exc}"}
                 print(f"{name} seed {seed} {arm}: failed: {exc!r}", flush=True)
-                continue
-            shown = {k: arms[arm][k] for k in ("turns_done", "provider_429s", "errors", "wall_s")}
-            print(f"{name} seed {seed} {arm}: {json.dumps(shown)}", flush=True)
-        entry["seeds"].append({"seed": seed, "order": order, "arms": arms})
-        entry["summary"] = summarise([s["arms"] for s in entry["seeds"]])
-        save()
+            else:
+                shown = {k: arms[arm][k] for k in ("turns_done", "provider_429s", "errors")}
+                print(f"{name} seed {seed} {arm}: {json.dumps(shown)}", flush=True)
+            if again:
+                arms[arm]["run_again"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            entry["summary"] = summarise([s["arms"] for s in entry["seeds"]])
+            save()
+
+
+def _wanted(arm: dict[str, Any] | None) -> bool:
+    """An arm a seed still needs: never run, or failed."""
+    return arm is None or "failed" in arm
 
 
 async def run(args: argparse.Namespace, save: bool = True) -> dict[str, Any]:
-    """Every scenario and seed; the result (written after every seed when `save`)."""
+    """Every scenario and seed; the result (written after every arm when `save`). With
+    `--fill`, the result file's seeds are kept and only their missing or failed arms run."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-ratelimit-"))
     earlier = RESULTS / f"{args.out}.json"
-    kept = json.loads(earlier.read_text())["scenarios"] if args.append and earlier.exists() else {}
+    before = json.loads(earlier.read_text()) if earlier.exists() else {}
+    kept = before.get("scenarios", {}) if args.append or args.fill else {}
     result: dict[str, Any] = {
         "benchmark": "ratelimit",
         "stated_limits": args.stated_limits,
@@ -196,13 +211,16 @@ async def run(args: argparse.Namespace, save: bool = True) -> dict[str, Any]:
         "concurrent_scenarios": not args.one_at_a_time,
         "litellm_router": LITELLM_ROUTER,
         "workdir": str(workdir),
-        "scenarios": {k: v for k, v in kept.items() if k not in args.scenarios},
+        "scenarios": {k: v for k, v in kept.items() if args.fill or k not in args.scenarios},
     }
+    if args.fill and before:  # the run that made the file stays its provenance
+        result["machine"] = before["machine"]
+        result["fills"] = [*before.get("fills", []), provenance()]
     entries: dict[str, dict[str, Any]] = {}
     for name in args.scenarios:
         scenario = quick(SCENARIOS[name]) if args.quick else SCENARIOS[name]
-        entries[name] = {"description": describe(scenario), "seeds": []}
-        result["scenarios"][name] = entries[name]
+        fresh = {"description": describe(scenario), "seeds": []}
+        entries[name] = result["scenarios"].setdefault(name, fresh)
 
     def saved() -> None:
         if save:
@@ -251,6 +269,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--append",
         action="store_true",
         help="keep the result file's other scenarios (a scenario run again replaces its own)",
+    )
+    p.add_argument(
+        "--fill",
+        action="store_true",
+        help="keep the result file and run only the arms its seeds miss or that failed",
     )
     p.add_argument(
         "--render",

@@ -119,7 +119,8 @@ async def _litellm(launcher: Launcher, config: dict[str, Any], avoid: set[int]) 
     )
     await proc.start()
     launcher.exits.push_async_callback(proc.stop)
-    await proc.wait_http(local_url(port) + "/health/liveliness", timeout=120)
+    # Its start is not measured; on a loaded machine it has taken over two minutes.
+    await proc.wait_http(local_url(port) + "/health/liveliness", timeout=300)
     return local_url(port) + "/v1"
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import openai
 import pytest
 
+import bench.ratelimit
 from bench.common import rotated
 from bench.ratelimit import parse_args, run
 from bench.ratelimit_agents import BudgetSplit
@@ -321,3 +322,43 @@ async def test_the_quick_run_measures_every_arm_doing_the_same_work() -> None:
     assert all(a["turns_failed"] == 0 and a["turns"] > 0 for a in arms.values())
     assert len({a["workload_tokens"] for a in arms.values()}) == 1
     assert all(a["wall_over_ideal"] > 0 for a in arms.values())
+
+
+async def test_a_fill_runs_only_the_arms_a_seed_misses_or_that_failed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    ran: list[tuple[str, int]] = []
+
+    async def fake_arm(scenario: Any, arm: str, seed: int, *_: Any) -> dict[str, Any]:
+        ran.append((arm, seed))
+        return {
+            "turns_done": 1,
+            "turns_failed": 0,
+            "provider_429s": 0,
+            "errors": 0,
+            "per_provider": {},
+        }
+
+    monkeypatch.setattr(bench.ratelimit, "one_arm", fake_arm)
+    done = {"turns_done": 1, "turns_failed": 0, "per_provider": {}}
+    order = list(ARMS)
+    entry: dict[str, Any] = {
+        "seeds": [
+            {
+                "seed": 0,
+                "order": order,
+                "arms": {a: done for a in ARMS if a not in ("litellm", "luftpause")}
+                | {"litellm": {"failed": "ChildFailed: not ready"}},
+            }
+        ]
+    }
+    saves: list[int] = []
+    args = parse_args(["--fill", "--seeds", "0", "1", "--scenarios", "fixed-openai"])
+    await bench.ratelimit.one_scenario(
+        "fixed-openai", args, tmp_path, entry, lambda: saves.append(1)
+    )
+    assert ran[:2] == [("litellm", 0), ("luftpause", 0)]
+    assert sorted(ran[2:]) == sorted((a, 1) for a in ARMS)  # a seed it lacked runs whole
+    first = entry["seeds"][0]["arms"]
+    assert "run_again" in first["litellm"] and "run_again" not in first["luftpause"]
+    assert [s["seed"] for s in entry["seeds"]] == [0, 1] and len(saves) == 7
