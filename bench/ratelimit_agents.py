@@ -7,19 +7,21 @@ offered with `tool_choice: none`, so the model answers (and the prompt keeps its
 stream; a turn's latency runs from the call until the stream's end, its time to first byte until
 the first chunk, both including every retry the client made.
 
-The client retries as the `openai` package does (`max_retries`, honouring `retry-after-ms` and
-`Retry-After`); every 429 a client saw is counted through an httpx response hook. A turn that
-still fails after the client's retries is a client-visible error: the agent sends it again after
-a second, at most `AGAIN` times, so every arm does the same work whenever it can.
+The client retries as the `openai` package does (`max_retries`: its default 2, or the patient
+arm's 30; honouring `retry-after-ms` and `Retry-After` up to a minute, else its own backoff);
+every 429 a client saw is counted through an httpx response hook. A turn that still fails
+after the client's retries is a client-visible error: the agent sends it again after a second,
+at most `AGAIN` times, so every arm does the same work whenever it can.
 
-With several base URLs (two providers, straight at them), the agent sends turn k to URL
-(agent + k) mod n: round robin per turn.
+With several base URLs (two providers, straight at them), each turn goes where a `BudgetSplit`
+shared by all agents sends it: in proportion to each provider's budget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,12 +29,10 @@ import httpx2  # the openai package's transport
 import openai
 from openai import AsyncOpenAI
 
-from bench.ratelimit_plan import AgentPlan, text
+from bench.ratelimit_plan import OPENAI_DEFAULT_RETRIES, AgentPlan, split_pick, text
 from luftpause.testkit.agents import LOOKUP_TOOL
 
-MAX_RETRIES = 30  # the client's own; a fixed window is at most a few retries away
 AGAIN = 5  # times an agent sends a turn again after the client gave up on it
-TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -52,15 +52,27 @@ class Turn:
     errors: list[str] = field(default_factory=list)
 
 
+class BudgetSplit:
+    """Which base URL each next turn goes to: smooth weighted round robin over the providers'
+    budgets (`ratelimit_plan.split_pick`), shared by every agent of an arm."""
+
+    def __init__(self, weights: Sequence[int]) -> None:
+        self.weights = tuple(weights)
+        self._credit: tuple[float, ...] = (0.0,) * len(self.weights)
+
+    def next(self) -> int:
+        chosen, self._credit = split_pick(self._credit, self.weights)
+        return chosen
+
+
 class Client:
     """An AsyncOpenAI client of `base_url` (with /v1) that counts the 429s its transport sees."""
 
-    def __init__(self, base_url: str, max_retries: int = MAX_RETRIES) -> None:
+    def __init__(self, base_url: str, max_retries: int = OPENAI_DEFAULT_RETRIES) -> None:
         self.seen_429 = 0
-        # The openai package's own transport defaults (its httpx), with a response hook.
-        http = openai.DefaultAsyncHttpxClient(
-            timeout=TIMEOUT_S, event_hooks={"response": [self._on_response]}
-        )
+        # The openai package's own transport defaults (its httpx, timeout and limits), with a
+        # response hook.
+        http = openai.DefaultAsyncHttpxClient(event_hooks={"response": [self._on_response]})
         self.api = AsyncOpenAI(
             base_url=base_url, api_key="x", max_retries=max_retries, http_client=http
         )
@@ -76,6 +88,7 @@ class Client:
 async def run_agent(
     plan: AgentPlan,
     clients: list[Client],
+    split: BudgetSplit | None,
     *,
     model: str,
     seed: int,
@@ -91,7 +104,7 @@ async def run_agent(
     turns: list[Turn] = []
     for k in range(plan.turns):
         last = k == len(plan.rounds)
-        client = clients[(plan.agent + k) % len(clients)]
+        client = clients[split.next() if split is not None else 0]
         turn = Turn(agent=plan.agent, index=k, started_s=time.perf_counter() - t0)
         turns.append(turn)
         reply = None

@@ -1,10 +1,17 @@
-"""The rate-limit benchmark's scenarios, limits and workload, and its ideal schedule.
+"""The rate-limit benchmark's scenarios, limits and workload, its arms' settings, and its ideal
+schedule.
 
 Pure module: values and arithmetic; no I/O, no clock reads, randomness only from a seed.
 
 A scenario is one or two simulated hosted APIs (`Provider`, each with its own budgets per
 window of `window_s` simulated seconds), a refill regime, a header family and a workload size.
-Its workload is a fixed set of agents per seed (`plan_agents`): each agent runs one task of
+The default scenarios run in real time (time scale 1: a window is a real minute, as LiteLLM and
+a user count it) with a workload of a few windows; the `stress-` scenarios are the earlier
+time-scaled ones (time scale 6: 10-second windows, twice the agents, longer tasks), a stress
+test of the admission rather than a comparison with LiteLLM, whose per-minute counters cannot
+bind there.
+
+A scenario's workload is a fixed set of agents per seed (`plan_agents`): each agent runs one task of
 several tool rounds; its task size, its rounds, their tool times and tool-result sizes are drawn
 from `random.Random(f"{seed}/{agent}")`, so every arm of a seed does the same work. Times in a
 plan are simulated seconds; the agents sleep them divided by the time scale.
@@ -21,11 +28,37 @@ import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # The budgets a provider may have, by the simulator's flag, and what each counts.
 BUDGETS = ("rpm", "tpm", "itpm", "otpm")
 COUNTS = {"rpm": "requests", "tpm": "tokens", "itpm": "input_tokens", "otpm": "output_tokens"}
-ARMS = ("direct", "litellm", "luftpause")
+ARMS = ("direct", "direct-patient", "litellm", "luftpause", "luftpause-limits")
+ARM_ABOUT = {
+    "direct": "the agents' clients straight at the providers, the openai package's defaults "
+    "(2 retries, honouring Retry-After); two providers: turns split by budget",
+    "direct-patient": "the same with a patient client: 30 retries honouring Retry-After",
+    "litellm": "the LiteLLM proxy configured as its docs advise for rate-limited deployments "
+    "(rpm/tpm per deployment, usage-based-routing-v2, num_retries, allowed_fails, "
+    "cooldown_time); clients with the openai defaults",
+    "luftpause": "scheduler and dataplane, the endpoints given without `limits` (as a new user "
+    "writes them); clients with the openai defaults",
+    "luftpause-limits": "the same with `limits: {}` on each endpoint (rate-limited from the "
+    "start, learned from the headers)",
+}
+OPENAI_DEFAULT_RETRIES = 2  # openai.DEFAULT_MAX_RETRIES
+PATIENT_RETRIES = 30  # a fixed window is at most a few Retry-Afters away
+# LiteLLM's router for a rate-limited deployment, as its docs set it: the strategy that
+# keeps each deployment under its rpm/tpm ("when you want to respect rate limits"), retries of
+# a failed call (honouring the provider's Retry-After up to 60 s), and a deployment taken out
+# of routing for `cooldown_time` seconds after `allowed_fails` failures in a minute (LiteLLM
+# never cools down the only deployment of a model group).
+LITELLM_ROUTER: dict[str, object] = {
+    "routing_strategy": "usage-based-routing-v2",
+    "num_retries": 3,
+    "allowed_fails": 3,
+    "cooldown_time": 30,
+}
 CHARS_PER_TOKEN = 4  # the simulator's tokenizer
 # Words for the agents' text: English, so LiteLLM's tokenizer counts about what the simulator
 # does (four characters a token).
@@ -66,14 +99,26 @@ class Provider:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Shape:
-    """The sizes of an agent's task, drawn uniformly from these ranges (inclusive)."""
+    """The sizes of an agent's task, drawn uniformly from these ranges (inclusive). The
+    defaults are the real-time workload: about 2,800 tokens an agent over 2-4 turns."""
 
-    task_tokens: tuple[int, int] = (1200, 3600)
-    rounds: tuple[int, int] = (2, 5)
-    tool_s: tuple[float, float] = (2.0, 8.0)  # simulated seconds per tool call
-    result_tokens: tuple[int, int] = (100, 600)
-    start_s: tuple[float, float] = (0.0, 4.0)  # simulated seconds before the first turn
-    max_tokens: int = 256
+    task_tokens: tuple[int, int] = (300, 900)
+    rounds: tuple[int, int] = (1, 3)
+    tool_s: tuple[float, float] = (1.0, 4.0)  # simulated seconds per tool call
+    result_tokens: tuple[int, int] = (50, 250)
+    start_s: tuple[float, float] = (0.0, 3.0)  # simulated seconds before the first turn
+    max_tokens: int = 128
+
+
+# The time-scaled stress workload (the earlier default): longer tasks, more rounds.
+STRESS_SHAPE = Shape(
+    task_tokens=(1200, 3600),
+    rounds=(2, 5),
+    tool_s=(2.0, 8.0),
+    result_tokens=(100, 600),
+    start_s=(0.0, 4.0),
+    max_tokens=256,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,8 +131,8 @@ class Scenario:
     regime: str = "fixed"
     headers: str = "openai"
     charge: str = "usage"
-    agents: int = 16
-    time_scale: float = 6.0
+    agents: int = 8
+    time_scale: float = 1.0
     window_s: float = 60.0  # simulated seconds
     shape: Shape = field(default_factory=Shape)
 
@@ -102,6 +147,11 @@ class Scenario:
     @property
     def window_real_s(self) -> float:
         return self.window_s / self.time_scale
+
+    @property
+    def stress(self) -> bool:
+        """Time-scaled: its windows are shorter than a real minute."""
+        return self.time_scale != 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -200,12 +250,20 @@ def ideal_seconds(charged: Charged, providers: Sequence[Provider], window_real_s
 
 
 def earliest_seconds(
-    charged: Charged, providers: Sequence[Provider], window_real_s: float, regime: str
+    charged: Charged,
+    providers: Sequence[Provider],
+    window_real_s: float,
+    regime: str,
+    phase_s: float = 0.0,
 ) -> float:
     """The earliest the budgets let `charged` finish: they start whole, so one window less
-    than the ideal (continuous), or than the whole windows it spans (fixed)."""
+    than the ideal (continuous), or than the whole windows it spans (fixed); a run that starts
+    `phase_s` into a fixed window meets each boundary that much sooner."""
     span = (lambda x: float(math.ceil(x))) if regime == "fixed" else (lambda x: x)
-    return max(0.0, _windows(charged, providers, span) - 1.0) * window_real_s
+    windows = max(0.0, _windows(charged, providers, span) - 1.0)
+    if regime == "fixed" and windows > 0:
+        return windows * window_real_s - phase_s
+    return windows * window_real_s
 
 
 def _windows(
@@ -249,6 +307,49 @@ def stated_limits(provider: Provider, window_real_s: float, charge: str) -> dict
     return {**provider.limits(), "window_s": window_real_s, "charges": charge}
 
 
+def litellm_config(scenario: Scenario, bases: Sequence[str], model: str) -> dict[str, Any]:
+    """LiteLLM's proxy config: one model name, a deployment per provider (at its base URL with
+    /v1) with its rpm and tpm, and the router's settings (`LITELLM_ROUTER`)."""
+    deployments = []
+    for provider, base in zip(scenario.providers, bases, strict=True):
+        params: dict[str, Any] = {"model": f"openai/{model}", "api_base": base, "api_key": "x"}
+        params.update(litellm_limits(provider, scenario.window_real_s))
+        deployments.append({"model_name": model, "litellm_params": params})
+    return {"model_list": deployments, "router_settings": dict(LITELLM_ROUTER)}
+
+
+def client_retries(arm: str) -> int:
+    """The `max_retries` of the agents' openai clients in `arm`: the package's default, but
+    for the patient direct client."""
+    if arm not in ARMS:
+        raise ValueError(f"unknown arm {arm!r}")
+    return PATIENT_RETRIES if arm == "direct-patient" else OPENAI_DEFAULT_RETRIES
+
+
+def budget_weights(providers: Sequence[Provider]) -> tuple[int, ...]:
+    """Each provider's share of the turns a client splits by budget: its token budget per
+    window (input tokens where it has no total), or its request budget where it has neither."""
+    weights = []
+    for p in providers:
+        weight = p.limit("tpm") or p.limit("itpm") or p.limit("rpm")
+        if weight is None:
+            raise ValueError(f"provider {p.id} has no token or request budget to split by")
+        weights.append(weight)
+    return tuple(weights)
+
+
+def split_pick(credit: Sequence[float], weights: Sequence[int]) -> tuple[int, tuple[float, ...]]:
+    """Smooth weighted round robin: the provider the next turn goes to and the new credit
+    (start from zeros). Over any run of turns each provider's count stays within one of its
+    weight's share, and the picks interleave instead of coming in blocks."""
+    if len(credit) != len(weights) or not weights or min(weights) < 1:
+        raise ValueError("one credit per weight; weights >= 1")
+    grown = [c + w for c, w in zip(credit, weights, strict=True)]
+    chosen = max(range(len(grown)), key=lambda i: (grown[i], -i))
+    grown[chosen] -= sum(weights)
+    return chosen, tuple(grown)
+
+
 def usage_split(items: Mapping[str, int]) -> Charged:
     """A `Charged` from summed usage fields (prompt_tokens, completion_tokens, requests)."""
     return Charged(
@@ -260,50 +361,69 @@ def usage_split(items: Mapping[str, int]) -> Charged:
 
 # --- the scenarios --------------------------------------------------------------------------------
 
-_ONE = (Provider(id="p0", rpm=120, tpm=60_000),)
-SCENARIOS: dict[str, Scenario] = {
-    s.name: s
-    for s in (
-        Scenario(
-            name="fixed-openai",
-            about="one provider, budgets whole again at each window boundary, OpenAI headers",
-            providers=_ONE,
+_ONE = (Provider(id="p0", rpm=30, tpm=15_000),)
+_STRESS_ONE = (Provider(id="p0", rpm=120, tpm=60_000),)
+_REAL = (
+    Scenario(
+        name="fixed-openai",
+        about="one provider, budgets whole again at each window boundary, OpenAI headers",
+        providers=_ONE,
+    ),
+    Scenario(
+        name="continuous-openai",
+        about="one provider, budgets refilled continuously (token bucket), OpenAI headers",
+        providers=_ONE,
+        regime="continuous",
+    ),
+    Scenario(
+        name="continuous-anthropic",
+        about="one provider with input and output token budgets, token bucket, Anthropic headers",
+        providers=(Provider(id="p0", rpm=30, itpm=14_000, otpm=800),),
+        regime="continuous",
+        headers="anthropic",
+    ),
+    Scenario(
+        name="two-providers",
+        about="two providers serving one model, one with twice the other's budget, token "
+        "buckets, OpenAI headers",
+        providers=(
+            Provider(id="p0", rpm=30, tpm=10_000),
+            Provider(id="p1", rpm=30, tpm=5_000),
         ),
-        Scenario(
-            name="continuous-openai",
-            about="one provider, budgets refilled continuously (token bucket), OpenAI headers",
-            providers=_ONE,
-            regime="continuous",
+        regime="continuous",
+    ),
+)
+
+
+def _stressed(scenario: Scenario) -> Scenario:
+    """The time-scaled stress version of a real-time scenario: 16 agents with the longer
+    tasks at time scale 6 (8 agents for Anthropic's budgets), four times the budgets."""
+    limits = {
+        "fixed-openai": _STRESS_ONE,
+        "continuous-openai": _STRESS_ONE,
+        "continuous-anthropic": (Provider(id="p0", rpm=60, itpm=30_000, otpm=1_500),),
+        "two-providers": (
+            Provider(id="p0", rpm=120, tpm=40_000),
+            Provider(id="p1", rpm=120, tpm=20_000),
         ),
-        Scenario(
-            name="continuous-anthropic",
-            about="one provider with input and output token budgets, token bucket, Anthropic "
-            "headers",
-            providers=(Provider(id="p0", rpm=60, itpm=30_000, otpm=1_500),),
-            regime="continuous",
-            headers="anthropic",
-            agents=8,
-        ),
-        Scenario(
-            name="two-providers",
-            about="two providers serving one model, token buckets, OpenAI headers",
-            providers=(
-                Provider(id="p0", rpm=120, tpm=40_000),
-                Provider(id="p1", rpm=120, tpm=20_000),
-            ),
-            regime="continuous",
-        ),
-        Scenario(
-            name="fixed-openai-minute",
-            about="one provider, fixed windows of one real minute (LiteLLM's own granularity), "
-            "in real time",
-            providers=_ONE,
-            agents=8,
-            time_scale=1.0,
-        ),
+    }[scenario.name]
+    return Scenario(
+        name=f"stress-{scenario.name}",
+        about=f"{scenario.about}; time-scaled stress run",
+        providers=limits,
+        regime=scenario.regime,
+        headers=scenario.headers,
+        charge=scenario.charge,
+        agents=8 if scenario.headers == "anthropic" else 16,
+        time_scale=6.0,
+        window_s=scenario.window_s,
+        shape=STRESS_SHAPE,
     )
-}
-DEFAULT_SCENARIOS = ("fixed-openai", "continuous-openai", "continuous-anthropic", "two-providers")
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (*_REAL, *map(_stressed, _REAL))}
+DEFAULT_SCENARIOS = tuple(s.name for s in _REAL)
+STRESS_SCENARIOS = tuple(f"stress-{s.name}" for s in _REAL)
 
 
 def quick(scenario: Scenario, agents: int = 4, time_scale: float = 20.0) -> Scenario:

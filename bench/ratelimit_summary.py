@@ -2,15 +2,16 @@
 
 Pure module: turns and provider tallies in, numbers and Markdown out; no I/O, no clock reads.
 
-Per arm and seed (`measure`): 429s at the providers (their own tally, so whatever the arm sent
-counts, probes included) and 429s the agents' clients saw; tokens billed and refused by the
-providers; goodput (prompt and completion tokens of the completed turns per real second of the
-run); the p95 of turn latency and of time to first byte, both as the agent saw them (retries
-and waits included); wall clock from the first agent's start to the last one's end; the ideal
-schedule (`ratelimit_plan.ideal_seconds` of the completed turns' tokens and requests), wall
-over ideal, the earliest the budgets allow (`earliest_seconds`) and wall over that;
-client-visible errors (a call that failed after the client's own retries) and turns never
-completed; and per provider its tally and the share of completed turns it served.
+Per arm and seed (`measure`): turns finished; 429s at the providers (their own tally, so
+whatever the arm sent counts, probes included) and 429s the agents' clients saw; tokens billed
+and refused by the providers; goodput (prompt and completion tokens of the completed turns per
+real second of the run); the p50 and p90 of turn latency and the p90 of time to first byte, as
+the agent saw them (retries and waits included); wall clock from the first agent's start to the
+last one's end; the ideal schedule (`ratelimit_plan.ideal_seconds` of the completed turns'
+tokens and requests), wall over ideal, the earliest the budgets allow (`earliest_seconds`) and
+wall over that; client-visible errors (a call that failed after the client's own retries) and
+turns never completed; and per provider its tally and the share of completed turns it served.
+An arm that failed (`{"failed": ...}`) counts in `failed_runs`, not in the figures.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.ratelimit_plan import (
+    ARM_ABOUT,
     ARMS,
+    LITELLM_ROUTER,
     Charged,
     Provider,
     Scenario,
@@ -32,19 +35,17 @@ from bench.ratelimit_plan import (
 
 # The figures a row shows, their labels and how many decimals.
 COLUMNS: tuple[tuple[str, str, int], ...] = (
+    ("turns_done", "turns finished", 0),
     ("provider_429s", "429s at provider", 0),
     ("client_429s", "429s seen by clients", 0),
-    ("billed_tokens", "tokens billed", 0),
-    ("refused_tokens", "tokens refused", 0),
+    ("errors", "client-visible errors", 0),
+    ("turn_p50_s", "turn p50 (s)", 2),
+    ("turn_p90_s", "turn p90 (s)", 2),
+    ("ttfb_p90_s", "TTFB p90 (s)", 2),
     ("goodput_tps", "goodput (tok/s)", 0),
-    ("turn_p95_s", "turn latency p95 (s)", 2),
-    ("ttfb_p95_s", "TTFB p95 (s)", 2),
     ("wall_s", "wall (s)", 1),
-    ("ideal_s", "ideal (s)", 1),
     ("earliest_s", "earliest (s)", 1),
-    ("wall_over_ideal", "wall / ideal", 2),
     ("wall_over_earliest", "wall / earliest", 2),
-    ("errors", "client errors", 0),
 )
 SECTION = "## Hosted APIs under rate limits (`python -m bench.ratelimit`)"
 
@@ -64,12 +65,12 @@ class TurnFacts:
     error_kinds: tuple[str, ...] = ()  # `status 429`, `APITimeoutError`, ... one per error
 
 
-def p95(values: Sequence[float]) -> float | None:
-    """The 95th percentile by rank; None when empty."""
+def rank(values: Sequence[float], q: float) -> float | None:
+    """The `q` quantile by rank (0.5: the median's upper middle); None when empty."""
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(int(0.95 * len(ordered)), len(ordered) - 1)]
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 def measure(
@@ -80,8 +81,10 @@ def measure(
     providers: Sequence[Provider],
     window_real_s: float,
     regime: str,
+    phase_s: float = 0.0,
 ) -> dict[str, Any]:
-    """One arm's figures for one seed; `tallies` is each provider's tally by its id."""
+    """One arm's figures for one seed; `tallies` is each provider's tally by its id; `phase_s`:
+    how far into a fixed window the run started."""
     done = [t for t in turns if t.ok]
     charged = Charged(
         requests=len(done),
@@ -89,17 +92,21 @@ def measure(
         output_tokens=sum(t.completion_tokens for t in done),
     )
     ideal = ideal_seconds(charged, providers, window_real_s)
-    earliest = earliest_seconds(charged, providers, window_real_s, regime)
+    earliest = earliest_seconds(charged, providers, window_real_s, regime, phase_s)
     served = Counter(t.provider for t in done)
     ttfb = [t.ttfb_s for t in done if t.ttfb_s is not None]
+    latency = [t.latency_s for t in done]
     return {
+        "turns_done": len(done),
         "provider_429s": sum(t["refused"] for t in tallies.values()),
         "client_429s": sum(t.refused_seen for t in turns),
         "billed_tokens": sum(t["billed_tokens"] for t in tallies.values()),
         "refused_tokens": sum(t["refused_tokens"] for t in tallies.values()),
         "goodput_tps": charged.tokens / wall_s if wall_s > 0 else 0.0,
-        "turn_p95_s": p95([t.latency_s for t in done]),
-        "ttfb_p95_s": p95(ttfb),
+        "turn_p50_s": rank(latency, 0.5),
+        "turn_p90_s": rank(latency, 0.9),
+        "turn_p95_s": rank(latency, 0.95),
+        "ttfb_p90_s": rank(ttfb, 0.9),
         "wall_s": wall_s,
         "ideal_s": ideal,
         "earliest_s": earliest,
@@ -133,9 +140,12 @@ def summarise(seeds: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, dic
     arms = [a for a in ARMS if any(a in s for s in seeds)]
     out: dict[str, dict[str, Any]] = {}
     for arm in arms:
-        runs = [s[arm] for s in seeds if arm in s]
+        runs = [s[arm] for s in seeds if arm in s and "failed" not in s[arm]]
         figures: dict[str, Any] = {key: spread(r.get(key) for r in runs) for key, _, _ in COLUMNS}
         figures["turns_failed"] = spread(r["turns_failed"] for r in runs)
+        figures["seeds"] = len(runs)
+        figures["failed_runs"] = sum(1 for s in seeds if "failed" in s.get(arm, {}))
+        figures["cpu_busy_share"] = spread(r.get("load", {}).get("cpu_busy_share") for r in runs)
         pids = sorted({pid for r in runs for pid in r["per_provider"]})
         figures["per_provider"] = {
             pid: {
@@ -166,7 +176,7 @@ def table(scenarios: Mapping[str, Mapping[str, Any]]) -> str:
     head = ["scenario", "arm", *(label for _, label, _ in COLUMNS), "per provider: 429s, turns"]
     rows = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for name, data in scenarios.items():
-        for arm, figures in data["summary"].items():
+        for arm, figures in data.get("summary", {}).items():
             cells = [cell(figures.get(key), digits) for key, _, digits in COLUMNS]
             per = figures.get("per_provider", {})
             split = (
@@ -191,51 +201,80 @@ def describe(scenario: Scenario) -> str:
         f"{p.id} " + " ".join(f"{b} {v:,}" for b, v in p.limits().items())
         for p in scenario.providers
     )
+    timing = (
+        f"time scale {scenario.time_scale:g} (stress: windows of {scenario.window_real_s:g} real s)"
+        if scenario.stress
+        else "real time"
+    )
     return (
         f"`{scenario.name}`: {scenario.about}. Limits per window of {scenario.window_s:g} "
         f"simulated s ({scenario.window_real_s:g} real s): {limits}; output charged by "
-        f"{scenario.charge}; {scenario.agents} agents; time scale {scenario.time_scale:g}."
+        f"{scenario.charge}; {scenario.agents} agents; {timing}."
     )
 
 
-def section(result: Mapping[str, Any], stated: Mapping[str, Any] | None = None) -> str:
-    """RESULTS.md's section for a `bench/results/ratelimit.json` result, and the luftpause arm
-    with stated limits beside it when `stated` (ratelimit_stated.json) is given."""
-    scenarios = result["scenarios"]
+def section(result: Mapping[str, Any], stress: Mapping[str, Any] | None = None) -> str:
+    """RESULTS.md's section for a real-time result (`ratelimit_realtime.json`), and the
+    time-scaled stress table after it when `stress` (`ratelimit_stress.json`) is given."""
+    machine = result.get("machine", {})
     lines = [
         SECTION,
         "",
-        "Agents with tool calls against the simulator's hosted mode; every arm of a seed does "
-        "the same work against fresh providers with the same limits, arms alternating. "
-        "Cells: median (min..max) over seeds. 429s at provider are the providers' own counts "
-        "(probes included); turn latency and TTFB are as the agents saw them, retries and "
-        "waits included. Ideal: the completed turns' tokens (and requests) over the budgets' "
-        "rate; earliest: what the budgets allow, since they start whole. Direct with two "
-        "providers sends turn k of agent i to provider (i + k) mod 2. LiteLLM gets each "
-        "provider's rpm and tpm per real minute; it counts them per calendar minute (not the "
-        "provider's window) and a call's tokens when the call ends, so with windows shorter "
-        "than a real minute (time scale > 1) its own limits cannot hold back a burst inside a "
-        "window, and its router retries the provider's 429s; `fixed-openai-minute` has "
-        "windows of a real minute. "
-        "The luftpause arm "
-        f"{'with stated limits' if result.get('stated_limits') else 'learning from headers only'}"
-        f". Measured {result.get('machine', {}).get('when', '?')}.",
+        "Agents with tool calls against the simulator's hosted mode in real time (a window is "
+        "a real minute); every arm of a seed does the same work against fresh providers with "
+        "the same limits, the arms' order rotated per seed and each arm starting at the same "
+        "point of a fixed window. Cells: median (min..max) over seeds. 429s at provider are "
+        "the providers' own counts (probes included); client-visible errors are calls that "
+        "failed after the client's own retries (the agent sent them again); turn latency and "
+        "TTFB are as the agents saw them, retries and waits included. Earliest: what the "
+        "budgets allow for the finished turns' tokens, since they start whole. "
+        f"{_side_by_side(result)}{_measured(machine)}",
         "",
+        "Arms:",
+        "",
+        *(f"- `{arm}`: {about}." for arm, about in ARM_ABOUT.items()),
+        "",
+        "LiteLLM's `router_settings`: "
+        + ", ".join(f"`{k}: {v}`" for k, v in result.get("litellm_router", LITELLM_ROUTER).items())
+        + "; each deployment's `rpm` and `tpm` are its provider's limits per minute.",
+        "",
+        *_table_block(result),
+    ]
+    if stress:
+        lines += [
+            "Stress (time-scaled, not a comparison with LiteLLM, whose limits count per real "
+            "minute and cannot bind in 10-second windows), measured "
+            f"{stress.get('machine', {}).get('when', '?')}:",
+            "",
+            *_table_block(stress),
+        ]
+    return "\n".join(lines)
+
+
+def _measured(machine: Mapping[str, Any]) -> str:
+    commit = str(machine.get("commit", "?"))[:10]
+    dirty = " (with uncommitted changes)" if machine.get("dirty") else ""
+    return f"Measured {machine.get('when', '?')} on commit {commit}{dirty}."
+
+
+def _side_by_side(result: Mapping[str, Any]) -> str:
+    if not result.get("concurrent_scenarios"):
+        return ""
+    return (
+        "The scenarios ran side by side (each its arms one at a time, in an order that differs "
+        "between scenarios), the machine mostly waiting on the providers' windows; each arm's "
+        "CPU share is in the JSON (`load`). "
+    )
+
+
+def _table_block(result: Mapping[str, Any]) -> list[str]:
+    scenarios = result["scenarios"]
+    return [
         *(f"- {s['description']} Seeds {_seeds(s)}." for s in scenarios.values()),
         "",
         table(scenarios),
         "",
     ]
-    if stated:
-        lines += [
-            "The luftpause arm again with each provider's limits also stated in the endpoint "
-            "file (`--stated-limits --arms luftpause --out ratelimit_stated`), measured "
-            f"{stated.get('machine', {}).get('when', '?')}:",
-            "",
-            table(stated["scenarios"]),
-            "",
-        ]
-    return "\n".join(lines)
 
 
 def _seeds(entry: Mapping[str, Any]) -> str:

@@ -385,9 +385,9 @@ def render(floods: dict[str, dict[str, Any]]) -> str:
     core = RESULTS / "scheduler_core_against.json"
     if core.exists():
         parts.append(comparison_section(json.loads(core.read_text())))
-    limited, stated = RESULTS / "ratelimit.json", RESULTS / "ratelimit_stated.json"
+    limited, stress = RESULTS / "ratelimit_realtime.json", RESULTS / "ratelimit_stress.json"
     if limited.exists():
-        also = json.loads(stated.read_text()) if stated.exists() else None
+        also = json.loads(stress.read_text()) if stress.exists() else None
         parts.append(ratelimit_section(json.loads(limited.read_text()), also))
     return "\n".join(parts)
 
