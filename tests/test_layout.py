@@ -288,3 +288,30 @@ def test_a_runtime_module_that_says_it_is_pure_outside_the_core_is_held_to_it_to
         and (bad := _impure(name, f"{RUNTIME}.core", RUNTIME))
     }
     assert offenders == {}
+
+
+def _rooms_table() -> set[str]:
+    """The modules `docs/architecture.md` names in its table of the runtime's rooms."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("### The runtime's rooms", 1)[1].split("\n#", 1)[0]
+    named: set[str] = set()
+    room = ""
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[1].startswith("`"):
+            continue
+        if cells[0]:
+            room = cells[0].split("`")[1].removesuffix("/")
+        prefix = RUNTIME if room == "runtime" else f"{RUNTIME}.{room}"
+        named.add(f"{prefix}.{cells[1].strip('`')}")
+    return named
+
+
+def test_the_architecture_names_every_runtime_module_by_its_room() -> None:
+    found = {
+        name
+        for name, path in modules().items()
+        if _within(name, RUNTIME) and path.name != "__init__.py"
+    }
+    named = _rooms_table()
+    assert (sorted(found - named), sorted(named - found)) == ([], [])
