@@ -20,9 +20,9 @@ from pathlib import Path
 
 import uvicorn
 
+from luftpause.runtime.journal.file import JournalFile, Store
 from luftpause.runtime.loop.llm import Llm
 from luftpause.runtime.loop.runtime import Runtime
-from luftpause.runtime.journal.file import JournalFile, Store
 from luftpause.runtime.loop.upstream import Upstreams
 from luftpause.testkit.engine.params import EngineParams, SimParams
 from luftpause.testkit.engine.server import RunningServer, serve

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import Context
 
+from luftpause.runtime.core.errors import RequestError
 from luftpause.runtime.server.arguments import (
     AWAIT_DEFAULT,
     RunArgs,
@@ -18,7 +19,6 @@ from luftpause.runtime.server.arguments import (
     flat_tool,
     spawn_args,
 )
-from luftpause.runtime.core.errors import RequestError
 
 
 def test_raw_arguments_become_a_record_and_names_that_are_not_spawns_are_ignored() -> None:

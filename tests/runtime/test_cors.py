@@ -11,14 +11,14 @@ from typing import cast
 import httpx
 import pytest
 
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Upstreams
+from luftpause.runtime.main import parse_args
+from luftpause.runtime.server.app import build_server
 from luftpause.runtime.server.auth import BearerAuth
 from luftpause.runtime.server.cors import DEFAULT_ORIGINS, StatusCors
-from luftpause.runtime.loop.llm import Llm
-from luftpause.runtime.main import parse_args
-from luftpause.runtime.loop.runtime import Runtime
-from luftpause.runtime.server.app import build_server
-from luftpause.runtime.journal.file import JournalFile
-from luftpause.runtime.loop.upstream import Upstreams
 
 PAGE = "http://scheduler.example:5001"
 

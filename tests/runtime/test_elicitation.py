@@ -14,12 +14,12 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext
 from mcp.types import ElicitRequestFormParams, ElicitRequestParams, ElicitResult, ErrorData
 
-from luftpause.runtime.people import elicitation
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.loop.runtime import Runtime, new_handle
+from luftpause.runtime.loop.toolcalls import DECLINED
+from luftpause.runtime.people import elicitation
 from luftpause.runtime.people.approvals import Approval
 from luftpause.runtime.server.app import build_server
-from luftpause.runtime.loop.toolcalls import DECLINED
 from tests.runtime.loopback import MODEL, FakeMcp
 
 WAIT = 10.0

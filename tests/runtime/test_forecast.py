@@ -6,8 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.runtime.core.turn_estimates import blend, seconds, turn_seconds
 from luftpause.runtime.core.forecast import BudgetLine, Inputs, Step, project
+from luftpause.runtime.core.price import Price
+from luftpause.runtime.core.rate_waits import Dimension, Window
+from luftpause.runtime.core.turn_estimates import blend, seconds, turn_seconds
 from luftpause.runtime.core.turn_samples import (
     History,
     ModelStats,
@@ -15,8 +17,6 @@ from luftpause.runtime.core.turn_samples import (
     Spread,
     TurnSample,
 )
-from luftpause.runtime.core.price import Price
-from luftpause.runtime.core.rate_waits import Dimension, Window
 
 PRICE = Price(input=1.0, cached_input=0.5, output=2.0)
 

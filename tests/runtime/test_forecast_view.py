@@ -10,8 +10,8 @@ from typing import Any
 from luftpause.runtime.core import forecast_view, lookahead
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.forecast import project
-from luftpause.runtime.core.turn_samples import Ledger
 from luftpause.runtime.core.price import Price
+from luftpause.runtime.core.turn_samples import Ledger
 
 PRICE = Price(input=1.0, cached_input=0.5, output=2.0)
 USAGE = {"turns": 1, "promptTokens": 100, "completionTokens": 10, "turnSeconds": 0.5}
@@ -112,7 +112,9 @@ def test_a_run_in_its_tool_round_counts_its_turn_and_not_its_running_calls() -> 
 def test_the_tools_answer_shows_the_runs_use_now_and_the_forecast() -> None:
     runs = {"p": R(with_round(m.start(spec("p", price=PRICE, spawned_at=100.0))))}
     ledger = taught(1.0)
-    out = forecast_view.view(runs, "p", 103.0, project(forecast_view.inputs(runs, "p", ledger, 103.0)))
+    out = forecast_view.view(
+        runs, "p", 103.0, project(forecast_view.inputs(runs, "p", ledger, 103.0))
+    )
     assert out["now"] == {"tokens": 110, "usd": 0.00012, "seconds": 3.0, "turns": 1, "toolCalls": 1}
     assert out["horizon"] == {"steps": 3, "toolCalls": 2.0, "until": "answer"}
     assert out["tokens"]["total"] > 0 and out["usd"]["expected"] > 0

@@ -1,5 +1,5 @@
-"""`journal.file`: the journal file through a full disk and a failing fsync (the system calls fail on
-purpose, on a real file), and what it says about a torn tail."""
+"""`journal.file`: the journal file through a full disk and a failing fsync (the system calls
+fail on purpose, on a real file), and what it says about a torn tail."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ import pytest
 
 from luftpause.runtime.core import journal as j
 from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.leases import Leases, share
 from luftpause.runtime.journal.postgres import (
     RUNS,
     Database,
@@ -23,7 +24,6 @@ from luftpause.runtime.journal.postgres import (
     PgJournal,
     rows_of,
 )
-from luftpause.runtime.journal.leases import Leases, share
 from luftpause.testkit.postgres import Postgres
 from tests import pg
 from tests.runtime.make_golden import GOLDEN, canonical_state

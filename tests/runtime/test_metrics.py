@@ -15,15 +15,15 @@ import pytest
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
 from luftpause.runtime.core import machine as m
+from luftpause.runtime.core.resend import Outcome
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Attempt, Upstreams, UpstreamTool
+from luftpause.runtime.server.app import build_server
 from luftpause.runtime.server.auth import BearerAuth
 from luftpause.runtime.server.cors import StatusCors
-from luftpause.runtime.loop.llm import Llm
 from luftpause.runtime.server.metrics import UNKNOWN_TOOL, RuntimeMetrics
-from luftpause.runtime.core.resend import Outcome
-from luftpause.runtime.loop.runtime import Runtime
-from luftpause.runtime.server.app import build_server
-from luftpause.runtime.journal.file import JournalFile
-from luftpause.runtime.loop.upstream import Attempt, Upstreams, UpstreamTool
 
 WAIT = 5.0
 

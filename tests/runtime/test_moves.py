@@ -17,11 +17,11 @@ from mcp.types import CallToolResult, TextContent
 from luftpause.common.auth import ANYONE
 from luftpause.runtime.core import bundle as b
 from luftpause.runtime.core import machine as m
-from luftpause.runtime.server.auth import BearerAuth
 from luftpause.runtime.core.errors import Forbidden
 from luftpause.runtime.journal.moves import Migrations
 from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.server.app import build_server
+from luftpause.runtime.server.auth import BearerAuth
 from luftpause.testkit.engine.server import RunningServer
 from luftpause.testkit.waits import eventually
 from tests.runtime.loopback import MODEL, FakeMcp, engine, runtime_on

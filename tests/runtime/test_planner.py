@@ -16,15 +16,15 @@ from aiohttp import web
 from mcp import Client
 
 from luftpause.runtime.core import status_tree
-from luftpause.runtime.loop.llm import Llm
-from luftpause.runtime.main import main, parse_args
 from luftpause.runtime.core.price_table import parse_prices
+from luftpause.runtime.journal.file import JOURNAL_NAME, JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Upstreams
+from luftpause.runtime.main import main, parse_args
 from luftpause.runtime.plans.planner import NO_SCHEDULER, Planner
 from luftpause.runtime.plans.scheduler_status import SchedulerStatus
-from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.server.app import build_server
-from luftpause.runtime.journal.file import JOURNAL_NAME, JournalFile
-from luftpause.runtime.loop.upstream import Upstreams
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, closed_port, engine, fake_mcp
 from tests.runtime.test_server import ok, refused

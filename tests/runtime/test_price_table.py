@@ -1,4 +1,5 @@
-"""Prices, what runs cost and spawn's money check (`price`, `price_table`, `budget`): pure, no loop."""
+"""Prices, what runs cost and spawn's money check (`price`, `price_table`, `budget`): pure, no
+event loop."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from hypothesis import strategies as st
 from luftpause.runtime.core import budget, journal, price_table
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.errors import RequestError
-from luftpause.runtime.core.turn_samples import Ledger
-from luftpause.runtime.core.price_table import PricesError, parse_prices
-from luftpause.runtime.plans.planner import load_prices
 from luftpause.runtime.core.price import Price
+from luftpause.runtime.core.price_table import PricesError, parse_prices
+from luftpause.runtime.core.turn_samples import Ledger
+from luftpause.runtime.plans.planner import load_prices
 from tests.runtime.make_golden import GOLDEN
 
 PRICE = Price(input=0.15, cached_input=0.075, output=0.60)
@@ -122,7 +123,9 @@ def test_spawn_freezes_the_models_price_into_the_spec_and_the_journal() -> None:
 
 def test_a_usd_budget_on_a_model_without_a_price_is_refused_at_spawn() -> None:
     with pytest.raises(RequestError, match="budgetUsd needs a price for model 'local'"):
-        price_table.priced(m.RunSpec(handle="a", task="t", model="local", budget_usd=1.0), {}, TABLE)
+        price_table.priced(
+            m.RunSpec(handle="a", task="t", model="local", budget_usd=1.0), {}, TABLE
+        )
     with pytest.raises(RequestError, match="budgetUsd needs a price"):
         price_table.priced(spec("a", budget_usd=1.0), {}, None)
 
@@ -132,7 +135,10 @@ def test_a_child_without_a_price_under_a_usd_budget_is_refused_and_one_outside_i
     child = m.RunSpec(handle="c", task="t", model="local", parent="p")
     with pytest.raises(RequestError, match="run p has a USD budget"):
         price_table.priced(child, runs, TABLE)
-    assert price_table.priced(m.RunSpec(handle="d", task="t", model="local"), runs, TABLE).price is None
+    assert (
+        price_table.priced(m.RunSpec(handle="d", task="t", model="local"), runs, TABLE).price
+        is None
+    )
 
 
 def test_a_usd_budget_trips_once_the_subtree_cost_passes_it() -> None:

@@ -1,5 +1,5 @@
-"""The attention budget's shell (`question_gate`) with `elicitation`: a real `Runtime` (the engine simulator
-as its model, the fake MCP server's destructive `delete_record` as the tool that needs
+"""The attention budget's shell (`question_gate`) with `elicitation`: a real `Runtime` (the engine
+simulator as its model, the fake MCP server's destructive `delete_record` as the tool that needs
 approval, on 127.0.0.1) and the official `mcp` client on the server's in-memory connection, in
 both protocol eras.
 """
@@ -15,10 +15,10 @@ from mcp import Client
 
 from luftpause.runtime.core import attention
 from luftpause.runtime.core import machine as m
-from luftpause.runtime.people.question_gate import ATTENTION_NAME, Questions, parse_switch
-from luftpause.runtime.loop.runtime import Runtime, new_handle
-from luftpause.runtime.server.app import build_server
 from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.runtime import Runtime, new_handle
+from luftpause.runtime.people.question_gate import ATTENTION_NAME, Questions, parse_switch
+from luftpause.runtime.server.app import build_server
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 from tests.runtime.test_ask import answering

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from luftpause.runtime.core import forks
-from luftpause.runtime.loop import llm
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.errors import RequestError
-from luftpause.runtime.loop.runtime import Runtime, new_handle
 from luftpause.runtime.journal.file import JOURNAL_NAME
+from luftpause.runtime.loop import llm
+from luftpause.runtime.loop.runtime import Runtime, new_handle
 from luftpause.runtime.loop.toolcalls import DECLINED
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, closed_port, engine, fake_mcp, runtime_on

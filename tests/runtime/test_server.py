@@ -20,10 +20,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 
 from luftpause.runtime.core import machine as m
-from luftpause.runtime.server.arguments import SpawnArgs
-from luftpause.runtime.server.readiness import Verdict
 from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.server.app import build_server, caller_of, spec_from
+from luftpause.runtime.server.arguments import SpawnArgs
+from luftpause.runtime.server.readiness import Verdict
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 
 GOLDEN_TOOLS = Path(__file__).with_name("golden") / "tools_list.json"

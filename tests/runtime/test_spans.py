@@ -15,10 +15,10 @@ from opentelemetry.trace import NonRecordingSpan, SpanKind
 from luftpause.common import tracing
 from luftpause.runtime.core import journal as j
 from luftpause.runtime.core import machine as m
-from luftpause.runtime.loop.llm import Llm
 from luftpause.runtime.core.resend import Outcome
-from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.loop.upstream import Attempt, Upstreams, UpstreamTool
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C

@@ -14,8 +14,8 @@ from typing import Any
 
 from luftpause.runtime.core import journal
 from luftpause.runtime.core import machine as m
-from luftpause.runtime.loop.runtime import Runtime, new_handle
 from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.runtime import Runtime, new_handle
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 from tests.runtime.test_runs import WAIT, finish, records, until

@@ -48,27 +48,27 @@ from luftpause.common.runner import run_async
 from luftpause.runtime.context import wall
 from luftpause.runtime.context.windows import Windows
 from luftpause.runtime.core import retention
-from luftpause.runtime.journal import postgres
-from luftpause.runtime.loop import failpoints, spans
-from luftpause.runtime.people import question_gate
-from luftpause.runtime.plans import planner
-from luftpause.runtime.server.arguments import spawn_args
 from luftpause.runtime.core.attention import DEFAULT_PER_HOUR
-from luftpause.runtime.server.auth import BearerAuth
 from luftpause.runtime.core.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
-from luftpause.runtime.server.cors import DEFAULT_ORIGINS, StatusCors
+from luftpause.runtime.core.price_table import PricesError, PriceTable
+from luftpause.runtime.journal import postgres
+from luftpause.runtime.journal.file import JournalFile, Store
 from luftpause.runtime.journal.fleet import Fleet
 from luftpause.runtime.journal.postgres import Database, PgJournal
+from luftpause.runtime.loop import failpoints, spans
 from luftpause.runtime.loop.llm import TURN_TIMEOUT, Llm
-from luftpause.runtime.server.metrics import RuntimeMetrics
-from luftpause.runtime.core.price_table import PricesError, PriceTable
-from luftpause.runtime.plans.planner import load_prices
-from luftpause.runtime.server.readiness import DataplaneReadiness, Verdict
 from luftpause.runtime.loop.runtime import Runtime
-from luftpause.runtime.server.app import build_server, spawn_owned, spec_from
-from luftpause.runtime.journal.file import JournalFile, Store
-from luftpause.runtime.server.tasks import TASKS_NAME, TasksExtension
 from luftpause.runtime.loop.upstream import TOOL_TIMEOUT, Upstreams
+from luftpause.runtime.people import question_gate
+from luftpause.runtime.plans import planner
+from luftpause.runtime.plans.planner import load_prices
+from luftpause.runtime.server.app import build_server, spawn_owned, spec_from
+from luftpause.runtime.server.arguments import spawn_args
+from luftpause.runtime.server.auth import BearerAuth
+from luftpause.runtime.server.cors import DEFAULT_ORIGINS, StatusCors
+from luftpause.runtime.server.metrics import RuntimeMetrics
+from luftpause.runtime.server.readiness import DataplaneReadiness, Verdict
+from luftpause.runtime.server.tasks import TASKS_NAME, TasksExtension
 
 _SHUTDOWN_GRACE_SECONDS = 2
 STOP_GRACE = 5.0  # seconds tool calls in flight get to return when the runtime stops

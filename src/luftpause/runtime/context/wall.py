@@ -14,19 +14,16 @@ Each model's context window is `windows`'.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-import openai
 import structlog
 
+from luftpause.runtime.context.windows import Windows, parse_window
 from luftpause.runtime.core import compaction
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.errors import ContextOverflow, TurnError
-from luftpause.runtime.context.windows import Windows, parse_window
 from luftpause.runtime.loop.llm import Llm
 
 DEFAULT_RESERVE = 256  # a turn without max_tokens: what engines commonly reserve

@@ -31,6 +31,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from luftpause.runtime.core.price import Price
+from luftpause.runtime.core.rate_waits import Demand, Playback, Window
 from luftpause.runtime.core.turn_estimates import (
     Estimate,
     completion,
@@ -39,8 +41,6 @@ from luftpause.runtime.core.turn_estimates import (
     seconds,
 )
 from luftpause.runtime.core.turn_samples import History, ModelStats
-from luftpause.runtime.core.price import Price
-from luftpause.runtime.core.rate_waits import Demand, Playback, Window
 
 CHARS_PER_TOKEN = 4
 

@@ -21,9 +21,9 @@ from luftpause.runtime.core.forecast import (
     Inputs,
     Step,
 )
-from luftpause.runtime.core.turn_samples import History, Ledger, TurnSample
 from luftpause.runtime.core.price import usd
 from luftpause.runtime.core.rate_waits import Window
+from luftpause.runtime.core.turn_samples import History, Ledger, TurnSample
 
 STEPS_SHOWN = 50
 _IN_ROUND = (m.Phase.TOOLS, m.Phase.AWAITING_APPROVAL)

@@ -1,7 +1,7 @@
 """The run journal's format, its incremental parser and replay.
 
-Pure module: no I/O (the file is `journal.file`'s, the database `journal.postgres`); imports `machine`, `forks`, `compaction` and
-`resend` only.
+Pure module: no I/O (the file is `journal.file`'s, the database `journal.postgres`); imports
+`machine`, `forks`, `compaction` and `resend` only.
 `runs.jsonl` holds one JSON object per line, each ending in a newline; every record carries the
 format version `"v"`, its `type` and the run's handle `run`. This code writes format 2 and reads
 formats 1 and 2 (`READS`); a runtime that reads only format 1 refuses a format-2 journal instead
@@ -28,7 +28,8 @@ it reads as untraced), so a resumed run's new span can link to the trace it bega
 `"key"`, the name (never the secret) of the keys file's key the run belongs to, when the runtime
 has a keys file; optional likewise (a spec without it belongs to no key). It carries
 `"budgetUsd"` and `"price"` (`{"input","cachedInput","output"}`, USD per million tokens of the
-run's model, `price_table`) when given; optional likewise (a spec without a price costs nothing known).
+run's model, `price_table`) when given; optional likewise (a spec without a price costs nothing
+known).
 An `exceeded` record carries `"predicted"` (the next turn's predicted seconds) when a seconds
 budget stopped a run before a turn it could not finish; optional likewise.
 

@@ -1,9 +1,9 @@
 """The run state machine: one sub-agent run's lifecycle as a pure function of its events.
 
 Pure module: no I/O, no clock reads, no awaits; imports only the standard library, `steps`,
-`values` (whose types it re-exports) and `compaction`. The shell (`loop.runtime`) feeds it events and
-carries out the decisions it returns; replay (`journal`) feeds it the same events rebuilt from
-the journal, so a replayed run is the run that was journaled.
+`values` (whose types it re-exports) and `compaction`. The shell (`loop.runtime`) feeds it
+events and carries out the decisions it returns; replay (`journal`) feeds it the same events
+rebuilt from the journal, so a replayed run is the run that was journaled.
 
 Theory of operation::
 

@@ -48,8 +48,8 @@ from psycopg.rows import tuple_row
 
 from luftpause.runtime.core import journal
 from luftpause.runtime.core import machine as m
-from luftpause.runtime.journal.postgres import NOTIFY_JOURNAL, RUNS, TASKS, Database, PgJournal
 from luftpause.runtime.journal.leases import UNREACHABLE, Leases, renew_every
+from luftpause.runtime.journal.postgres import NOTIFY_JOURNAL, RUNS, TASKS, Database, PgJournal
 from luftpause.runtime.loop.runtime import Runtime
 
 NOTIFY_COMMANDS = "luftpause_commands"

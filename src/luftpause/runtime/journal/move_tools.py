@@ -26,8 +26,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from luftpause.common.auth import Identity
-from luftpause.runtime.server.arguments import Count, Seconds
-from luftpause.runtime.server.auth import identity_of
 from luftpause.runtime.core.bundle import MAX_BYTES, encode
 from luftpause.runtime.core.errors import (
     BundleError,
@@ -38,6 +36,8 @@ from luftpause.runtime.core.errors import (
 )
 from luftpause.runtime.core.forks import MAX_FORKS
 from luftpause.runtime.journal.moves import Migrations
+from luftpause.runtime.server.arguments import Count, Seconds
+from luftpause.runtime.server.auth import identity_of
 
 Forks = Annotated[int, Field(ge=1, le=MAX_FORKS, description=f"how many forks (1 to {MAX_FORKS})")]
 Instructions = Annotated[

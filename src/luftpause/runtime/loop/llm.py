@@ -32,10 +32,10 @@ from opentelemetry.trace import Span
 from luftpause.common import tracing
 from luftpause.common.auth import ON_BEHALF_OF_HEADER
 from luftpause.runtime.core import compaction
-from luftpause.runtime.loop import spans
 from luftpause.runtime.core.errors import ContextOverflow, TurnError
 from luftpause.runtime.core.hygiene import recover_text_calls
 from luftpause.runtime.core.machine import RunSpec, ToolCall, TurnCompleted, Usage
+from luftpause.runtime.loop import spans
 
 TURN_TIMEOUT = 600.0  # runtime -> dataplane: longest a turn may take, its tries and waits included
 DEFAULT_RETRY_AFTER = 1.0

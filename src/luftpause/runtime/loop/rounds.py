@@ -22,12 +22,12 @@ from typing import Generic, TypeVar
 
 import structlog
 
-from luftpause.runtime.loop import failpoints
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.budget import HasState
-from luftpause.runtime.server.metrics import UNKNOWN_TOOL, RuntimeMetrics
+from luftpause.runtime.loop import failpoints
 from luftpause.runtime.loop.toolcalls import ToolCaller
 from luftpause.runtime.loop.upstream import UpstreamTool
+from luftpause.runtime.server.metrics import UNKNOWN_TOOL, RuntimeMetrics
 
 R = TypeVar("R", bound=HasState)
 Apply = Callable[[R, m.Event], Awaitable[None]]  # step the run's state and journal the step

@@ -52,22 +52,22 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
+from luftpause.runtime.context.wall import ContextWall
 from luftpause.runtime.core import budget, forks, journal, retention
-from luftpause.runtime.loop import spans
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.errors import JournalUnwritable, RequestError
+from luftpause.runtime.journal.file import Store
 from luftpause.runtime.journal.postgres import LeaseLost
+from luftpause.runtime.loop import spans
 from luftpause.runtime.loop.llm import Llm
-from luftpause.runtime.server.metrics import RuntimeMetrics
-from luftpause.runtime.plans.planner import Planner
+from luftpause.runtime.loop.rounds import Rounds
+from luftpause.runtime.loop.toolcalls import ToolCaller
+from luftpause.runtime.loop.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
 from luftpause.runtime.people.approvals import Approval, Approvals
 from luftpause.runtime.people.question_gate import Questions
 from luftpause.runtime.plans.budget_guard import BudgetGuard
-from luftpause.runtime.loop.rounds import Rounds
-from luftpause.runtime.journal.file import Store
-from luftpause.runtime.loop.toolcalls import ToolCaller
-from luftpause.runtime.loop.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
-from luftpause.runtime.context.wall import ContextWall
+from luftpause.runtime.plans.planner import Planner
+from luftpause.runtime.server.metrics import RuntimeMetrics
 
 _SEEN_OVER = 10.0  # seconds a cancel done elsewhere waits for its end to reach the view here
 

@@ -24,9 +24,9 @@ import structlog
 
 from luftpause.common import tracing
 from luftpause.runtime.core import hygiene, resend
-from luftpause.runtime.loop import spans
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.resend import Next, Outcome
+from luftpause.runtime.loop import spans
 from luftpause.runtime.loop.upstream import (
     TOOL_TIMEOUT,
     Attempt,

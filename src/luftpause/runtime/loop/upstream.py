@@ -43,8 +43,8 @@ from mcp_types import (
 from pydantic import ValidationError
 
 from luftpause.runtime.core import resend
-from luftpause.runtime.loop import outbound
 from luftpause.runtime.core.resend import Outcome
+from luftpause.runtime.loop import outbound
 
 CONNECT_TIMEOUT = 10.0
 TOOL_TIMEOUT = 300.0  # the longest wait for a call's result, resends and reconnects included

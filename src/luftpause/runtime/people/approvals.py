@@ -59,9 +59,7 @@ Apply = Callable[[R, m.Event], Awaitable[None]]  # step the run's state and jour
 class Approvals(Generic[R]):
     """Every approval the runs driven here wait for; one per runtime."""
 
-    def __init__(
-        self, runs: Mapping[str, R], apply: Apply[R], clock: Callable[[], float]
-    ) -> None:
+    def __init__(self, runs: Mapping[str, R], apply: Apply[R], clock: Callable[[], float]) -> None:
         self._runs = runs
         self._apply = apply
         self._clock = clock
@@ -86,9 +84,7 @@ class Approvals(Generic[R]):
                 pending.journaled.set()
             return allow
 
-    async def answer(
-        self, handle: str, allow: bool, call_id: str | None = None
-    ) -> dict[str, Any]:
+    async def answer(self, handle: str, allow: bool, call_id: str | None = None) -> dict[str, Any]:
         """Answer the pending approval of a run driven here; returns once it is journaled."""
         run = self._runs.get(handle)
         if run is None:

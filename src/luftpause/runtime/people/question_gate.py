@@ -2,14 +2,15 @@
 the `away` switches (the MCP tool per session, `POST /away` for scripts) and the waiting
 questions `status` lists.
 
-Shell module: reads the clock, wakes the waits of `elicitation` when a switch changes, and journals the
-asks and the switches (`attention.jsonl` beside the run journal; the records and their replay
-are `attention`'s) before a question is shown or a switch answered, so a restart keeps the
-budget spent in the last hour and every switch. A question shown again is journaled again only
-once its last record is `REJOURNAL_AFTER` old (a task is polled several times a second), so
-after a restart its hour may end up to that much early. On start the file is replayed, then
-written again as the fewest records that hold its state (`compact`). It knows runs only as
-`(handle, pending approval)` pairs (`Pending`), so `loop.runtime` can hold it without a cycle.
+Shell module: reads the clock, wakes the waits of `elicitation` when a switch changes, and
+journals the asks and the switches (`attention.jsonl` beside the run journal; the records and
+their replay are `attention`'s) before a question is shown or a switch answered, so a restart
+keeps the budget spent in the last hour and every switch. A question shown again is journaled
+again only once its last record is `REJOURNAL_AFTER` old (a task is polled several times a
+second), so after a restart its hour may end up to that much early. On start the file is
+replayed, then written again as the fewest records that hold its state (`compact`). It knows
+runs only as `(handle, pending approval)` pairs (`Pending`), so `loop.runtime` can hold it
+without a cycle.
 
     GET  /away                       {"everyone": bool, "sessions": [...], "perHour": N}
     POST /away {"on": bool}          the switch for every session (scripts: "I'm away")
@@ -36,8 +37,8 @@ from starlette.responses import JSONResponse, Response
 
 from luftpause.runtime.core import attention as a
 from luftpause.runtime.core import journal
-from luftpause.runtime.journal.file import JournalFile
 from luftpause.runtime.core.values import ToolCall
+from luftpause.runtime.journal.file import JournalFile
 
 _SWITCH = ToolAnnotations(
     read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False

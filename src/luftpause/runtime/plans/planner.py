@@ -139,7 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prices",
         metavar="PATH",
         help="prices per model, USD per million input, cached input and output tokens (YAML, "
-        "or TOML by extension; see `price_table`): runs then show their cost, spawn takes budgetUsd",
+        "or TOML by extension): runs then show their cost, spawn takes budgetUsd",
     )
     p.add_argument(
         "--scheduler-url",

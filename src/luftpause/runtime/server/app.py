@@ -2,14 +2,14 @@
 decide, tools; GET /status, GET /health (liveness), GET /ready (readiness: its dataplane is
 ready) and GET /metrics (Prometheus, see `metrics`).
 
-Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus JSON status,
-health and readiness routes. Every tool answers with structured JSON; the work is
-`loop.runtime.Runtime`'s, the questions to the user during await and run are `elicitation`'s. Each tool is a
-method of `RuntimeTools` (its docstring is the tool's description); spawn and run take their
-shared parameters as one record (`arguments.SpawnArgs`, `RunArgs`), flat on the wire. A run
-belongs to the key its spawn request came with (`auth`, `owners`), when there is a keys file.
-Fork, export and import (tools and their /runs routes) are `journal.move_tools`'; the `away` tool
-and its /away route are `people.question_gate`'.
+Shell module: the `mcp` SDK's `MCPServer` over Streamable HTTP at /mcp, plus JSON status, health
+and readiness routes. Every tool answers with structured JSON; the work is
+`loop.runtime.Runtime`'s, the questions to the user during await and run are `elicitation`'s.
+Each tool is a method of `RuntimeTools` (its docstring is the tool's description); spawn and run
+take their shared parameters as one record (`arguments.SpawnArgs`, `RunArgs`), flat on the wire.
+A run belongs to the key its spawn request came with (`auth`, `owners`), when there is a keys
+file. Fork, export and import (tools and their /runs routes) are `journal.move_tools`'; the
+`away` tool and its /away route are `people.question_gate`'.
 """
 
 from __future__ import annotations
@@ -32,7 +32,14 @@ from luftpause.common.auth import ANYONE, Identity
 from luftpause.common.keys import KeysFile
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core import status_tree
+from luftpause.runtime.core.errors import RequestError, TurnError
+from luftpause.runtime.core.owners import may_touch, owned
+from luftpause.runtime.journal.move_tools import add_migrations
+from luftpause.runtime.journal.moves import Migrations
 from luftpause.runtime.loop import spans
+from luftpause.runtime.loop.runtime import Runtime, new_handle
+from luftpause.runtime.people.elicitation import covering_wait
+from luftpause.runtime.people.question_gate import add_attention
 from luftpause.runtime.server.arguments import (
     AWAIT_DEFAULT,
     RunArgs,
@@ -40,15 +47,8 @@ from luftpause.runtime.server.arguments import (
     Timeout,
     flat_tool,
 )
-from luftpause.runtime.people.elicitation import covering_wait
 from luftpause.runtime.server.auth import identity_of
-from luftpause.runtime.core.errors import RequestError, TurnError
-from luftpause.runtime.journal.moves import Migrations
-from luftpause.runtime.journal.move_tools import add_migrations
-from luftpause.runtime.core.owners import may_touch, owned
-from luftpause.runtime.people.question_gate import add_attention
 from luftpause.runtime.server.readiness import Verdict
-from luftpause.runtime.loop.runtime import Runtime, new_handle
 
 INSTRUCTIONS = (
     "Durable sub-agents: spawn runs a task with its own model loop and tools and returns "

@@ -1,8 +1,9 @@
 """Prometheus metrics of one runtime process, in its own registry (GET /metrics on the
 runtime's port, open like /health).
 
-Shell module. Counters and the journal histogram are updated where things happen (`loop.runtime` for
-spawns and ends, `rounds` for tool calls, `budget_guard` for budget trips; `journal.file` for journal appends; `planner` for spend);
+Shell module. Counters and the journal histogram are updated where things happen
+(`loop.runtime` for spawns and ends, `rounds` for tool calls, `budget_guard` for budget trips,
+`journal.file` for journal appends, `planner` for spend);
 the gauges that describe the runs (by state and class, approvals waiting) are read from the run
 table at scrape time by a collector, so the run loop pays nothing for them:
 

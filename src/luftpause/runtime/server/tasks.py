@@ -42,12 +42,12 @@ from mcp.types import TextContent as Text
 
 from luftpause.common.auth import Identity
 from luftpause.runtime.core import journal
-from luftpause.runtime.people import elicitation
-from luftpause.runtime.server.auth import identity_of
 from luftpause.runtime.core.errors import RequestError
-from luftpause.runtime.people.question_gate import TASKS_SESSION, session_of
-from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.journal.file import Store
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.people import elicitation
+from luftpause.runtime.people.question_gate import TASKS_SESSION, session_of
+from luftpause.runtime.server.auth import identity_of
 
 IDENTIFIER = "io.modelcontextprotocol/tasks"
 TASKS_NAME = "tasks.jsonl"
