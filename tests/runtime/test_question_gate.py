@@ -21,7 +21,7 @@ from luftpause.runtime.people.question_gate import ATTENTION_NAME, Questions, pa
 from luftpause.runtime.server.app import build_server
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
-from tests.runtime.test_ask import answering
+from tests.runtime.test_elicitation import answering
 
 WAIT = 10.0
 ERAS = pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])

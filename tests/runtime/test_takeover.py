@@ -18,7 +18,7 @@ from luftpause.runtime.journal.file import JournalFile
 from luftpause.runtime.loop.runtime import Runtime, new_handle
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
-from tests.runtime.test_runs import WAIT, finish, records, until
+from tests.runtime.test_runtime import WAIT, finish, records, until
 
 
 class GatedJournal(JournalFile):
