@@ -186,7 +186,7 @@ def test_a_429_cools_the_window_down_raises_k_and_the_turn_goes_to_the_other_pro
         state, TurnFailed(at=1.1, turn_id="t1", reading=refusal, reading_at=1.1, refused=True)
     )
     window = state.windows[home]
-    assert window.cooldown_until == pytest.approx(21.1) and window.k == w.K_START + w.K_UP
+    assert window.cooldown_until == pytest.approx(21.1) and window.caution.k == w.K_START + w.K_UP
     assert window.provider_429s == 1
     state, again = ask(state, "t2", at=1.2, run="r")
     other = "b" if home == "a" else "a"
@@ -268,7 +268,7 @@ def test_readings_out_of_order_keep_the_lowest_count_and_the_safe_reset() -> Non
     is unknown (a bucket's full time moves later with every charge), the earlier once the
     window is known to be fixed (each reading's is late by its latency)."""
     for regime, full_at in ((w.Regime.UNKNOWN, 11.6), (w.Regime.FIXED, 11.4)):
-        window = w.Window(id="api", regime=regime)
+        window = w.Window(id="api", refill=w.Refill(regime=regime))
         window = readings.observe(
             window, tokens_left(200, 10.3), 1.3, refused=False
         )  # A, slow reply
@@ -287,7 +287,7 @@ def test_readings_moments_apart_with_nothing_used_between_cast_no_vote() -> None
     later = Reading(budgets={"requests": Budget(limit=1, remaining=0, reset_s=2.93)})
     window = readings.observe(w.Window(id="api"), requests, 1.0, refused=False)
     window = readings.observe(window, later, 1.02, refused=True)
-    assert window.regime is w.Regime.UNKNOWN and window.votes == ()
+    assert window.regime is w.Regime.UNKNOWN and window.refill.votes == ()
 
 
 def test_endpoints_behind_one_api_key_share_one_window() -> None:

@@ -40,12 +40,13 @@ def budgets_view(state: State, now: float) -> list[dict[str, Any]]:
                     "refill_s": round(w.refill_s(current, name, now), 3),
                 }
             )
-        if current.daily_limit:
+        daily = current.daily
+        if daily.limit:
             dims.append(
                 {
                     "name": "daily_tokens",
-                    "limit": current.daily_limit,
-                    "available": max(current.daily_limit - current.day_used, 0),
+                    "limit": daily.limit,
+                    "available": max(daily.limit - daily.used, 0),
                     "reserved": 0,
                     "refill_s": -1.0,
                 }
@@ -53,10 +54,10 @@ def budgets_view(state: State, now: float) -> list[dict[str, Any]]:
         views.append(
             {
                 "id": window.id,
-                "kind": window.kind,
+                "kind": str(window.kind),
                 "replicas": list(window.replicas),
                 "regime": "stated" if window.own else str(window.regime),
-                "k": round(window.k, 3),
+                "k": round(window.caution.k, 3),
                 "cooldown_s": round(max(window.cooldown_until - now, 0.0), 3),
                 "dimensions": dims,
                 "held": held.get(window.id, 0),
@@ -71,7 +72,7 @@ def budgets_view(state: State, now: float) -> list[dict[str, Any]]:
                 "refused": window.refused,
                 "provider_429s": window.provider_429s,
                 # A key's tokens used today (UTC), its turns' real usage.
-                "used_today": window.day_used if window.kind == "key" else None,
+                "used_today": window.daily.used if window.kind is w.WindowKind.KEY else None,
             }
         )
     return views

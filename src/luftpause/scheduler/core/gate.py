@@ -84,7 +84,7 @@ def setup(d: Draft, endpoints: Iterable[Endpoint]) -> None:
                     period_s=limits.window_s,
                 )
                 if not window.levels:  # nothing stated: learned from the first reply
-                    window = evolve(window, own=False, regime=w.Regime.UNKNOWN)
+                    window = evolve(window, own=False, refill=w.Refill())
             _attach(d, window, e.id)
 
 
@@ -143,7 +143,7 @@ def prompt_tokens(view: View, held: HeldTurn) -> int:
 def predict(view: View, held: HeldTurn, window: w.Window | None) -> w.Cost:
     """What `held` is expected to cost against `window` (None: a key's, k at its start)."""
     prompt = prompt_tokens(view, held)
-    k = w.K_START if window is None else window.k
+    k = w.K_START if window is None else window.caution.k
     if window is not None and window.charges_max_tokens and held.max_tokens:
         reply = float(held.max_tokens)
     else:
@@ -154,7 +154,7 @@ def predict(view: View, held: HeldTurn, window: w.Window | None) -> w.Cost:
         reply = DEFAULT_REPLY_TOKENS if seen is None else seen
         if held.max_tokens:
             reply = min(reply, held.max_tokens)
-    scale_in, scale_out = (1.0, 1.0) if window is None else window.scale()
+    scale_in, scale_out = (1.0, 1.0) if window is None else window.caution.scale()
     prompt = math.ceil(prompt * scale_in)
     out = max(math.ceil(reply * scale_out), 1)
     return (1, prompt + out, prompt, out)
@@ -168,15 +168,16 @@ def key_window(d: Draft, key: KeyLimits, at: float, wall_at: float) -> w.Window:
     wid = KEY_PREFIX + key.name
     window = d.windows.get(wid)
     if window is None:
-        window = w.stated(wid, key.per_minute(), at, kind="key")
+        window = w.stated(wid, key.per_minute(), at, kind=w.WindowKind.KEY)
     elif {n: lv.limit for n, lv in window.levels.items()} != {
         n: v for n, v in key.per_minute().items() if v
     }:
         window = w.restate(window, key.per_minute(), at)
     day = int(wall_at // DAY_S)
-    if window.daily_limit != key.daily_tokens or window.day != day:
-        used = window.day_used if window.day == day else 0
-        window = evolve(window, daily_limit=key.daily_tokens, day=day, day_used=used)
+    if window.daily.limit != key.daily_tokens or window.daily.day != day:
+        used = window.daily.used if window.daily.day == day else 0
+        daily = w.DailyBudget(limit=key.daily_tokens, day=day, used=used)
+        window = evolve(window, daily=daily)
     window = w.advance(window, at)
     d.windows = d.windows.set(wid, window)
     return window
@@ -188,10 +189,11 @@ def try_admit(d: Draft, held: HeldTurn, at: float) -> Outcome:
     if held.key is not None:
         key = key_window(d, held.key, at, held.wall_at)
         cost = predict(d, held, None)
-        if key.daily_limit and key.day_used + cost[2] > key.daily_limit:
-            retry = (key.day + 1) * DAY_S - held.wall_at
+        daily = key.daily
+        if daily.limit and daily.used + cost[2] > daily.limit:
+            retry = (daily.day + 1) * DAY_S - held.wall_at
             message = (
-                f"key '{held.key.name}' has used {key.day_used} of its {key.daily_limit} tokens "
+                f"key '{held.key.name}' has used {daily.used} of its {daily.limit} tokens "
                 "for today (UTC)"
             )
             return Outcome(refusal=(message, max(retry, 1.0)))
@@ -387,9 +389,12 @@ def release_reservations(
         if window is None or pending is None:
             continue
         cost = actual if actual is not None or not predicted else pending.cost
-        window = w.release(window, turn_id, cost, at, ok=ok and window.kind == "endpoint")
-        if window.kind == "key" and cost is not None:
-            window = evolve(window, day_used=window.day_used + cost[1])
+        window = w.release(
+            window, turn_id, cost, at, ok=ok and window.kind is w.WindowKind.ENDPOINT
+        )
+        if window.kind is w.WindowKind.KEY and cost is not None:
+            daily = evolve(window.daily, used=window.daily.used + cost[1])
+            window = evolve(window, daily=daily)
         d.windows = d.windows.set(wid, window)
 
 

@@ -18,6 +18,7 @@ from luftpause.scheduler.core.windows import (
     K_UP,
     Level,
     Pending,
+    Refill,
     Regime,
     Window,
     advance,
@@ -60,7 +61,7 @@ def observe(
             spent = [b.reset_s for b in reading.budgets.values() if b.remaining == 0 and b.reset_s]
             wait = max(spent) if spent else COOLDOWN_DEFAULT_S
         changes["cooldown_until"] = max(window.cooldown_until, at + wait)
-        changes["k"] = min(window.k + K_UP, K_MAX)
+        changes["caution"] = evolve(window.caution, k=min(window.caution.k + K_UP, K_MAX))
         changes["provider_429s"] = window.provider_429s + 1
     if not reading.budgets:
         return _count_turn(evolve(window, **changes), turn_id)
@@ -91,7 +92,7 @@ def observe(
                 )
         levels = levels.set(name, new)
     if window.own:  # stated limits gave a bucket of our own: the provider's regime is learned
-        changes.update(regime=Regime.UNKNOWN, votes=())
+        changes["refill"] = evolve(window.refill, regime=Regime.UNKNOWN, votes=())
     read_at = max(window.read_at, sent)
     window = evolve(window, levels=levels, read_at=read_at, own=False, **changes)
     return _count_turn(window, turn_id)
@@ -137,8 +138,8 @@ def _voted(window: Window, reading: Reading, at: float) -> Window:
     every time; a fixed window's reset runs down with the clock, whatever was used. When the
     two predictions of this reset are closer than the readings are precise (readings moments
     apart, little used between them), the budget does not vote."""
-    voters = window.voters
-    votes = window.votes
+    voters = window.refill.voters
+    votes = window.refill.votes
     for name, budget in reading.budgets.items():
         if budget.reset_s is None or budget.remaining is None or not budget.limit:
             continue
@@ -159,7 +160,7 @@ def _voted(window: Window, reading: Reading, at: float) -> Window:
             continue
         fixed = abs(budget.reset_s - as_fixed) < abs(budget.reset_s - as_bucket)
         votes = (*votes, fixed)[-VOTES:]
-    if votes == window.votes:
-        return evolve(window, voters=voters)
+    if votes == window.refill.votes:
+        return evolve(window, refill=evolve(window.refill, voters=voters))
     regime = Regime.FIXED if 2 * sum(votes) >= len(votes) else Regime.CONTINUOUS
-    return evolve(window, voters=voters, votes=votes, regime=regime)
+    return evolve(window, refill=Refill(regime=regime, votes=votes, voters=voters))

@@ -88,12 +88,59 @@ class Pending:
     scale: tuple[float, float] = (1.0, 1.0)
 
 
+class WindowKind(StrEnum):
+    ENDPOINT = "endpoint"  # an endpoint's, or the endpoints' sharing one API key
+    KEY = "key"  # a caller key's budget
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refill:
+    """How the provider refills a window, as its readings taught (`readings._voted`)."""
+
+    regime: Regime = Regime.UNKNOWN
+    votes: tuple[bool, ...] = ()  # True: a vote for fixed
+    # Per budget, its last reading for the next vote: the period it implied, its reset, when
+    # it came.
+    voters: immutables.Map[str, tuple[float, float, float]] = _EMPTY
+
+
+@dataclass(frozen=True, kw_only=True)
+class Caution:
+    """How cautious a window's predictions are: `k`, the safety factor (mean + k sigma), and
+    what turns' prompts and replies really were over what was predicted for them. The
+    predictions are scaled by mean + k sigma of that, so one that keeps falling short stops
+    admitting past the budget (a reply apart, for a provider's budget of output tokens)."""
+
+    k: float = K_START
+    misses: tuple[Replies, Replies] = (_NO_MISSES, _NO_MISSES)
+
+    def scale(self) -> tuple[float, float]:
+        """The factors on predicted (prompt, reply) tokens: 1 until three turns ended, never
+        below 1."""
+        return (_factor(self.misses[0], self.k), _factor(self.misses[1], self.k))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DailyBudget:
+    """A caller key's tokens per UTC day: `limit` (0: none), the `day` (Unix days) and what it
+    `used` then."""
+
+    limit: int = 0
+    day: int = -1
+    used: int = 0
+
+
+_NO_REFILL = Refill()
+_CAUTION = Caution()
+_NO_DAILY = DailyBudget()
+
+
 @dataclass(frozen=True, kw_only=True)
 class Window:
     """A rate-limit window: an endpoint's (or endpoints sharing one API key), or a key's."""
 
     id: str
-    kind: str = "endpoint"
+    kind: WindowKind = WindowKind.ENDPOINT
     replicas: tuple[str, ...] = ()
     levels: immutables.Map[str, Level] = _EMPTY
     # Our own bucket (stated limits, a key's budget): no provider readings.
@@ -101,14 +148,9 @@ class Window:
     # No `limits` in the endpoint file: the endpoint is taken to be rate-limited until its
     # first reply says otherwise (or a probe reads its engine's load: an engine of our own).
     assumed: bool = False
-    regime: Regime = Regime.UNKNOWN
-    votes: tuple[bool, ...] = ()  # True: a vote for fixed
-    # Per budget, its last reading for the next vote: the period it implied, its reset, when
-    # it came.
-    voters: immutables.Map[str, tuple[float, float, float]] = _EMPTY
-    k: float = K_START
-    cooldown_until: float = 0.0
+    refill: Refill = _NO_REFILL
     read_at: float = -1.0
+    cooldown_until: float = 0.0
     pending: immutables.Map[str, Pending] = _EMPTY
     # Derived: the sum of the pending reservations' costs not yet counted.
     uncounted: Cost = NO_COST
@@ -116,19 +158,12 @@ class Window:
     charges_max_tokens: bool = False
     refused: int = 0
     provider_429s: int = 0
-    # A caller key's tokens per UTC day (0: none), the day (Unix days) and what it used then.
-    daily_limit: int = 0
-    day: int = -1
-    day_used: int = 0
-    # What turns' prompts and replies really were over what was predicted for them: the
-    # predictions are scaled by mean + k sigma of that, so one that keeps falling short stops
-    # admitting past the budget (a reply apart, for a provider's budget of output tokens).
-    misses: tuple[Replies, Replies] = (_NO_MISSES, _NO_MISSES)
+    daily: DailyBudget = _NO_DAILY
+    caution: Caution = _CAUTION
 
-    def scale(self) -> tuple[float, float]:
-        """The factors on predicted (prompt, reply) tokens: 1 until three turns ended, never
-        below 1."""
-        return (_factor(self.misses[0], self.k), _factor(self.misses[1], self.k))
+    @property
+    def regime(self) -> Regime:
+        return self.refill.regime
 
 
 def _factor(misses: Replies, k: float) -> float:
@@ -141,7 +176,7 @@ def stated(
     per_minute: dict[str, int],
     at: float,
     *,
-    kind: str = "endpoint",
+    kind: WindowKind = WindowKind.ENDPOINT,
     replicas: tuple[str, ...] = (),
     charges_max_tokens: bool = False,
     period_s: float = MINUTE_S,
@@ -158,7 +193,7 @@ def stated(
         replicas=replicas,
         levels=immutables.Map(levels),
         own=True,
-        regime=Regime.CONTINUOUS,
+        refill=Refill(regime=Regime.CONTINUOUS),
         charges_max_tokens=charges_max_tokens,
     )
 
@@ -301,7 +336,7 @@ def refill_s(window: Window, name: str, now: float) -> float:
 
 
 def reserve(window: Window, turn_id: str, cost: Cost) -> Window:
-    pending = Pending(cost=cost, scale=window.scale())
+    pending = Pending(cost=cost, scale=window.caution.scale())
     return evolve(
         window,
         pending=window.pending.set(turn_id, pending),
@@ -317,18 +352,22 @@ def release(window: Window, turn_id: str, actual: Cost | None, at: float, *, ok:
     if pending is None:
         return window
     changes: dict[str, Any] = {"pending": window.pending.delete(turn_id)}
+    caution = window.caution
     if actual is not None and pending.cost[2] > 0 and pending.cost[3] > 0:
-        prompt, reply = window.misses
-        changes["misses"] = (
+        prompt, reply = caution.misses
+        misses = (
             prompt.add(actual[2] * pending.scale[0] / pending.cost[2]),
             reply.add(actual[3] * pending.scale[1] / pending.cost[3]),
         )
+        caution = evolve(caution, misses=misses)
     if not pending.counted:
         changes["uncounted"] = minus(window.uncounted, pending.cost)
         if actual is not None:
             changes["levels"] = _charged(window, actual, at)
     if ok:
-        changes["k"] = max(K_START, window.k - K_DECAY)
+        caution = evolve(caution, k=max(K_START, caution.k - K_DECAY))
+    if caution is not window.caution:
+        changes["caution"] = caution
     return evolve(window, **changes)
 
 

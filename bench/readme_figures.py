@@ -1,0 +1,120 @@
+"""The README's measured figures, each rendered from the result file it cites.
+
+Run: `.venv/bin/python -m bench.readme_figures` prints every figure the README should show and
+whether it does. Each `Figure` names its result file (bench/results/NAME.json) and renders the
+exact text the README carries for it, so a rerun that moves a number fails the test
+(tests/test_readme_figures.py) until the README says what the file says, and a figure that no
+file backs cannot be registered. The files record the commit they ran on (`machine.commit`,
+bench.common.provenance), which the README says under each table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench.common import RESULTS
+from bench.matrix_report import BASELINE, OURS, arm_figures, verdict
+
+README = RESULTS.parent.parent / "README.md"
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    what: str
+    source: str
+    render: Callable[[dict[str, Any]], str]
+
+    def text(self) -> str:
+        return self.render(load(self.source))
+
+
+def load(source: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((RESULTS / source).read_text())
+    return data
+
+
+def x(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
+def median_of(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def matrix_row(label: str, cell: str) -> Callable[[dict[str, Any]], str]:
+    """A row of the README's matrix table: its label, then interactive and batch ratios."""
+
+    def render(data: dict[str, Any]) -> str:
+        results = data["cells"][cell]["results"]
+        v = verdict(cell, arm_figures(results[OURS]), arm_figures(results[BASELINE]))
+        return f"| {label} | {x(v['interactive_x'])} | {x(v['batch_x'])} |"
+
+    return render
+
+
+def medians_line(cell: str) -> Callable[[dict[str, Any]], str]:
+    """`3.6 against 3.5 interactive and 10.4 against 9.8 batch runs/min`: luftpause's and
+    cache_aware's medians over the repeats."""
+
+    def render(data: dict[str, Any]) -> str:
+        results = data["cells"][cell]["results"]
+        ours, base = arm_figures(results[OURS]), arm_figures(results[BASELINE])
+        return (
+            f"{median_of(ours['interactive']):.1f} against {median_of(base['interactive']):.1f} "
+            f"interactive and {median_of(ours['batch']):.1f} against "
+            f"{median_of(base['batch']):.1f} batch runs/min"
+        )
+
+    return render
+
+
+FIGURES: list[Figure] = [
+    Figure(
+        "matrix, llama.cpp plain messages",
+        "matrix_real_settle_text.json",
+        matrix_row("llama.cpp, tool results as plain messages", "real-text"),
+    ),
+    Figure(
+        "matrix, llama.cpp plain messages: the medians",
+        "matrix_real_settle_text.json",
+        medians_line("real-text"),
+    ),
+]
+"""The README's figures, each with the result file it cites."""
+
+
+def _flat(text: str) -> str:
+    """`text` with every run of whitespace one space: a figure may wrap across lines."""
+    return " ".join(text.split())
+
+
+def check(readme: str, figures: list[Figure] | None = None) -> list[str]:
+    """What the README gets wrong: one line per figure whose rendered text it lacks."""
+    wrong = []
+    flat = _flat(readme)
+    for f in FIGURES if figures is None else figures:
+        if not (RESULTS / f.source).exists():
+            wrong.append(f"{f.what}: its result file {f.source} is missing")
+            continue
+        text = f.text()
+        if _flat(text) not in flat:
+            wrong.append(f"{f.what}: the README should read {text!r} ({f.source})")
+    return wrong
+
+
+def main() -> None:
+    readme = README.read_text()
+    for f in FIGURES:
+        text = f.text() if (RESULTS / f.source).exists() else "(missing)"
+        mark = "ok  " if _flat(text) in _flat(readme) else "WRONG"
+        print(f"{mark} {f.what} [{f.source}]: {text}")
+    wrong = check(readme)
+    raise SystemExit(1 if wrong else 0)
+
+
+if __name__ == "__main__":
+    main()
