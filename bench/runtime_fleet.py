@@ -47,10 +47,10 @@ import psycopg
 from mcp import Client
 
 from bench.common import LoadWatch, percentiles, rotated, write_result
-from luftpause.runtime import journal
-from luftpause.runtime import machine as m
-from luftpause.runtime.journal_pg import Database, PgJournal
-from luftpause.runtime.store import JournalFile, Store
+from luftpause.runtime.core import journal
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.file import JournalFile, Store
+from luftpause.runtime.journal.postgres import Database, PgJournal
 from luftpause.testkit.postgres import Postgres
 from luftpause.testkit.procs import free_port
 from luftpause.testkit.stack import Launcher, LocalStack

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import LoadWatch, write_result
-from luftpause.runtime import journal
-from luftpause.runtime import machine as m
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.core import journal
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.file import JournalFile
 
 RESULT_TEXT = "The river rises in the hills and flows north to the sea. " * 9  # ~500 chars
 

@@ -48,9 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import LoadWatch, rotated, write_result
-from luftpause.runtime import forks, journal, retention
-from luftpause.runtime import machine as m
-from luftpause.runtime.store import JOURNAL_NAME, JournalFile
+from luftpause.runtime.core import forks, journal, retention
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.file import JOURNAL_NAME, JournalFile
 from luftpause.testkit.procs import free_port
 
 DAY = 86400.0

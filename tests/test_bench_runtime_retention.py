@@ -7,10 +7,10 @@ import time
 from pathlib import Path
 
 from bench.runtime_retention import AGE, DAY, generate
-from luftpause.runtime import forks, retention
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
-from luftpause.runtime.store import JOURNAL_NAME, JournalFile
+from luftpause.runtime.core import forks, retention
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.file import JOURNAL_NAME, JournalFile
 
 
 class Held:

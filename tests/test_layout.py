@@ -224,22 +224,94 @@ def test_no_service_imports_another() -> None:
 
 # Pure cores: decisions over values. Time arrives in their arguments, never from a clock, and
 # nothing in them awaits or reaches the shell around them.
-PURE_CORES = {"luftpause.scheduler.core": "luftpause.scheduler"}
+PURE_CORES = {
+    "luftpause.scheduler.core": "luftpause.scheduler",
+    "luftpause.runtime.core": "luftpause.runtime",
+}
 IMPURE = ("asyncio", "time", "datetime", "random", "socket", "threading", "grpc", "aiohttp")
+
+
+def _impure(name: str, core: str, service: str) -> list[str]:
+    """What `name` imports that a module of `core` may not: a clock, asyncio, I/O, the shell."""
+    return sorted(
+        t
+        for t in imported(name)
+        if any(_within(t, m) for m in IMPURE) or (_within(t, service) and not _within(t, core))
+    )
 
 
 def test_a_pure_core_imports_no_shell_no_asyncio_and_no_clock() -> None:
     offenders: dict[str, list[str]] = {}
     for core, service in PURE_CORES.items():
         for name in modules():
-            if not _within(name, core):
-                continue
-            bad = [
-                t
-                for t in imported(name)
-                if any(_within(t, m) for m in IMPURE)
-                or (_within(t, service) and not _within(t, core))
-            ]
-            if bad:
-                offenders[name] = sorted(bad)
+            if _within(name, core) and (bad := _impure(name, core, service)):
+                offenders[name] = bad
     assert offenders == {}
+
+
+# The runtime: its pure core beside one room per capability of the shell, and `main` that
+# wires them (`docs/architecture.md` names every module by its room).
+RUNTIME = "luftpause.runtime"
+RUNTIME_ROOMS = ("core", "loop", "journal", "plans", "people", "context", "server")
+
+
+def test_every_runtime_module_lives_in_a_room() -> None:
+    loose = [
+        name
+        for name in modules()
+        if _within(name, RUNTIME)
+        and name not in (RUNTIME, f"{RUNTIME}.main")
+        and not any(_within(name, f"{RUNTIME}.{room}") for room in RUNTIME_ROOMS)
+    ]
+    assert loose == [], f"runtime modules outside its rooms: {loose}"
+
+
+def test_every_runtime_core_module_says_it_is_pure() -> None:
+    unsaid = [
+        name
+        for name, path in modules().items()
+        if _within(name, f"{RUNTIME}.core")
+        and path.name != "__init__.py"
+        and "Pure module" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert unsaid == []
+
+
+def test_a_runtime_module_that_says_it_is_pure_outside_the_core_is_held_to_it_too() -> None:
+    """A shell room may keep a pure helper beside its shell (`server.arguments`); its docstring
+    says so, and it imports what the core may import, and the core."""
+    offenders = {
+        name: bad
+        for name, path in modules().items()
+        if _within(name, RUNTIME)
+        and "\nPure module" in "\n" + (ast.get_docstring(ast.parse(path.read_text())) or "")
+        and (bad := _impure(name, f"{RUNTIME}.core", RUNTIME))
+    }
+    assert offenders == {}
+
+
+def _rooms_table() -> set[str]:
+    """The modules `docs/architecture.md` names in its table of the runtime's rooms."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("### The runtime's rooms", 1)[1].split("\n#", 1)[0]
+    named: set[str] = set()
+    room = ""
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[1].startswith("`"):
+            continue
+        if cells[0]:
+            room = cells[0].split("`")[1].removesuffix("/")
+        prefix = RUNTIME if room == "runtime" else f"{RUNTIME}.{room}"
+        named.add(f"{prefix}.{cells[1].strip('`')}")
+    return named
+
+
+def test_the_architecture_names_every_runtime_module_by_its_room() -> None:
+    found = {
+        name
+        for name, path in modules().items()
+        if _within(name, RUNTIME) and path.name != "__init__.py"
+    }
+    named = _rooms_table()
+    assert (sorted(found - named), sorted(named - found)) == ([], [])

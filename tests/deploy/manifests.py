@@ -52,7 +52,10 @@ PORT_OPTIONS = {
     "llama-engine": {"http": "--port"},
 }
 # Services with bearer auth: the module whose OPEN_PATHS are served without the token.
-OPEN_PATHS_MODULE = {"dataplane": "luftpause.common.auth", "runtime": "luftpause.runtime.auth"}
+OPEN_PATHS_MODULE = {
+    "dataplane": "luftpause.common.auth",
+    "runtime": "luftpause.runtime.server.auth",
+}
 
 Doc = dict[str, Any]
 

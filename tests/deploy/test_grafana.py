@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from luftpause.common.config import Endpoint
 from luftpause.dataplane.metrics import Metrics
-from luftpause.runtime.metrics import RuntimeMetrics
+from luftpause.runtime.server.metrics import RuntimeMetrics
 from luftpause.scheduler.host import SchedulerHost
 from tests.deploy.promql import PromQLError, metric_names
 

@@ -20,8 +20,8 @@ import pytest
 import pytest_asyncio
 from mcp import Client
 
-from luftpause.runtime import forks
-from luftpause.runtime import journal as j
+from luftpause.runtime.core import forks
+from luftpause.runtime.core import journal as j
 from luftpause.testkit.fakemcp.dedup import read_ledger
 from luftpause.testkit.procs import Proc, free_port, luftpause_exe
 from luftpause.testkit.stack import Launcher, LocalStack

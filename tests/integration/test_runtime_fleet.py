@@ -36,7 +36,7 @@ from mcp.client.extension import ClaimContext
 from mcp.types import CallToolResult
 
 from luftpause.common.procs import Proc
-from luftpause.runtime.leases import renew_every
+from luftpause.runtime.journal.leases import renew_every
 from luftpause.testkit.fakemcp.dedup import read_ledger
 from luftpause.testkit.postgres import Postgres
 from luftpause.testkit.procs import free_port

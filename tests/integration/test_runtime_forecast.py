@@ -25,7 +25,7 @@ import pytest_asyncio
 from mcp import Client
 
 from bench.forecast import Scenario, Stack, forecast_against_actual, start_runtime, start_stack
-from luftpause.runtime.outlook import NO_WINDOW
+from luftpause.runtime.plans.planner import NO_WINDOW
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

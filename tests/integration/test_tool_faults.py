@@ -38,8 +38,8 @@ import pytest
 import pytest_asyncio
 from mcp import Client
 
-from luftpause.runtime import forks
-from luftpause.runtime.failpoints import AFTER_RESULT, BEFORE_SEND, ENV
+from luftpause.runtime.core import forks
+from luftpause.runtime.loop.failpoints import AFTER_RESULT, BEFORE_SEND, ENV
 from luftpause.testkit.fakemcp.dedup import read_ledger
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import Launcher, LocalStack

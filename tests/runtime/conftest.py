@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.runtime.runs import Runtime
+from luftpause.runtime.loop.runtime import Runtime
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import FakeMcp, engine, fake_mcp, runtime_on
 

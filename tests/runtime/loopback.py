@@ -20,10 +20,10 @@ from pathlib import Path
 
 import uvicorn
 
-from luftpause.runtime.llm import Llm
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.store import JournalFile, Store
-from luftpause.runtime.upstream import Upstreams
+from luftpause.runtime.journal.file import JournalFile, Store
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Upstreams
 from luftpause.testkit.engine.params import EngineParams, SimParams
 from luftpause.testkit.engine.server import RunningServer, serve
 from luftpause.testkit.fakemcp.core import CallStats, Latency

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from luftpause.runtime import journal, machine
+from luftpause.runtime.core import journal, machine
 
 GOLDEN = Path(__file__).with_name("golden")
 

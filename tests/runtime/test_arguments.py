@@ -11,8 +11,14 @@ from typing import Any
 import pytest
 from mcp.server.mcpserver import Context
 
-from luftpause.runtime.arguments import AWAIT_DEFAULT, RunArgs, SpawnArgs, flat_tool, spawn_args
-from luftpause.runtime.errors import RequestError
+from luftpause.runtime.core.errors import RequestError
+from luftpause.runtime.server.arguments import (
+    AWAIT_DEFAULT,
+    RunArgs,
+    SpawnArgs,
+    flat_tool,
+    spawn_args,
+)
 
 
 def test_raw_arguments_become_a_record_and_names_that_are_not_spawns_are_ignored() -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.runtime import attention as a
+from luftpause.runtime.core import attention as a
 
 HOUR = a.WINDOW
 

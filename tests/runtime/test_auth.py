@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from luftpause.runtime.auth import BearerAuth
+from luftpause.runtime.server.auth import BearerAuth
 
 
 async def _call(token: bytes | None, path: str, auth: str | None) -> tuple[int, Any]:

@@ -12,11 +12,11 @@ from typing import Any, cast
 import pytest
 from mcp import Client
 
-from luftpause.runtime import machine as m
-from luftpause.runtime.arguments import AWAIT_DEFAULT, AWAIT_MAX
-from luftpause.runtime.questions import Questions
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.people.question_gate import Questions
+from luftpause.runtime.server.app import build_server
+from luftpause.runtime.server.arguments import AWAIT_DEFAULT, AWAIT_MAX
 
 HANDLE = "run-0"
 

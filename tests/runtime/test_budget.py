@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from luftpause.runtime import budget
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import budget
+from luftpause.runtime.core import machine as m
 
 
 @dataclass

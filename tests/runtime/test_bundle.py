@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from luftpause.runtime import bundle as b
-from luftpause.runtime import forks
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import bundle as b
+from luftpause.runtime.core import forks
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
 from tests.runtime.test_forks import SPEC, fork_of, one_round, source_after_one_round
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from luftpause.runtime import compaction as c
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import compaction as c
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
 
 SPEC = m.RunSpec(handle="run-1", task="find the rivers", model="sim", system="be exact")
 TOOLS: list[dict[str, Any]] = [{"type": "function", "function": {"name": "lookup"}}]

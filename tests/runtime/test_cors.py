@@ -11,14 +11,14 @@ from typing import cast
 import httpx
 import pytest
 
-from luftpause.runtime.auth import BearerAuth
-from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
-from luftpause.runtime.llm import Llm
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Upstreams
 from luftpause.runtime.main import parse_args
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server
-from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams
+from luftpause.runtime.server.app import build_server
+from luftpause.runtime.server.auth import BearerAuth
+from luftpause.runtime.server.cors import DEFAULT_ORIGINS, StatusCors
 
 PAGE = "http://scheduler.example:5001"
 

@@ -1,4 +1,4 @@
-"""The forecast's arithmetic (`forecast`, `estimate`): pure, no event loop."""
+"""The forecast's arithmetic (`forecast`, `turn_estimates`): pure, no event loop."""
 
 from __future__ import annotations
 
@@ -6,11 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.runtime.estimate import blend, seconds, turn_seconds
-from luftpause.runtime.forecast import BudgetLine, Inputs, Step, project
-from luftpause.runtime.learned import History, ModelStats, RoundSample, Spread, TurnSample
-from luftpause.runtime.price import Price
-from luftpause.runtime.waits import Dimension, Window
+from luftpause.runtime.core.forecast import BudgetLine, Inputs, Step, project
+from luftpause.runtime.core.price import Price
+from luftpause.runtime.core.rate_waits import Dimension, Window
+from luftpause.runtime.core.turn_estimates import blend, seconds, turn_seconds
+from luftpause.runtime.core.turn_samples import (
+    History,
+    ModelStats,
+    RoundSample,
+    Spread,
+    TurnSample,
+)
 
 PRICE = Price(input=1.0, cached_input=0.5, output=2.0)
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.runtime import forks
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import forks
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
 
 SPEC = m.RunSpec(handle="run-1", task="rivers", model="sim", system="be brief", key="team")
 LOOKUP = m.ToolCall(id="c1", name="lookup", arguments="{}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from luftpause.runtime.hygiene import check_arguments, recover_text_calls
+from luftpause.runtime.core.hygiene import check_arguments, recover_text_calls
 
 SCHEMA = {
     "type": "object",

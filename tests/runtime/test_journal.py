@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
-from luftpause.runtime import resend
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core import resend
+from luftpause.runtime.journal.file import JournalFile
 from tests.runtime.make_golden import GOLDEN, expected
 
 SPEC = m.RunSpec(handle="run-1", task="rivers", model="sim")

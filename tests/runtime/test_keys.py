@@ -28,16 +28,16 @@ from mcp.types import CallToolResult, TextContent
 
 from luftpause.common.auth import ANYONE, Identity
 from luftpause.common.keys import Keys, KeysFile, hash_key, parse_keys
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
-from luftpause.runtime.auth import SCOPE_KEY, BearerAuth, identity_of
-from luftpause.runtime.errors import RequestError
-from luftpause.runtime.llm import Llm
-from luftpause.runtime.owners import owned
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server
-from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core.errors import RequestError
+from luftpause.runtime.core.owners import owned
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Upstreams
+from luftpause.runtime.server.app import build_server
+from luftpause.runtime.server.auth import SCOPE_KEY, BearerAuth, identity_of
 
 TOKEN = b"operator-token"
 ENTRIES: list[dict[str, Any]] = [

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from luftpause.runtime.llm import DEFAULT_RETRY_AFTER, retry_after
+from luftpause.runtime.loop.llm import DEFAULT_RETRY_AFTER, retry_after
 
 
 def test_retry_after_in_seconds_is_used_and_anything_else_falls_back_to_one_second() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import machine as m
 
 
 def spec(**kw: object) -> m.RunSpec:

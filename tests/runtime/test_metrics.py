@@ -14,16 +14,16 @@ import httpx
 import pytest
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from luftpause.runtime import machine as m
-from luftpause.runtime.auth import BearerAuth
-from luftpause.runtime.cors import StatusCors
-from luftpause.runtime.llm import Llm
-from luftpause.runtime.metrics import UNKNOWN_TOOL, RuntimeMetrics
-from luftpause.runtime.resend import Outcome
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server
-from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Attempt, Upstreams, UpstreamTool
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core.resend import Outcome
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Attempt, Upstreams, UpstreamTool
+from luftpause.runtime.server.app import build_server
+from luftpause.runtime.server.auth import BearerAuth
+from luftpause.runtime.server.cors import StatusCors
+from luftpause.runtime.server.metrics import UNKNOWN_TOOL, RuntimeMetrics
 
 WAIT = 5.0
 
@@ -158,7 +158,7 @@ async def test_every_journal_append_is_timed(runtime: Runtime) -> None:
 
 
 async def test_a_call_waiting_for_approval_shows_until_answered(runtime: Runtime) -> None:
-    with runtime.approval_watch() as asked:
+    with runtime.approvals.watch() as asked:
         handle = await runtime.spawn(spec("careful"))
         async with asyncio.timeout(WAIT):
             await asked.wait()

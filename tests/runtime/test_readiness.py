@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from luftpause.runtime.readiness import DataplaneReadiness, Verdict, fresh
+from luftpause.runtime.server.readiness import DataplaneReadiness, Verdict, fresh
 
 
 @dataclass

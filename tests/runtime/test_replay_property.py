@@ -11,8 +11,8 @@ from dataclasses import replace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
 
 # One round: for each call (1 or 2), whether it needs approval and the answer given.
 Round = list[tuple[bool, bool]]

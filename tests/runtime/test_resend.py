@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from luftpause.runtime import machine as m
-from luftpause.runtime import resend
-from luftpause.runtime.resend import Next
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core import resend
+from luftpause.runtime.core.resend import Next
 
 CALL = m.ToolCall(id="c1", name="charge", arguments="{}")
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from luftpause.common.auth import Identity
-from luftpause.runtime import forks, retention
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
-from luftpause.runtime.runs import Runtime, new_handle
-from luftpause.runtime.store import JournalFile
-from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
+from luftpause.runtime.core import forks, retention
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.runtime import Runtime, new_handle
+from luftpause.runtime.server.tasks import TASKS_NAME, TasksExtension
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 

@@ -1,4 +1,4 @@
-"""`server`: the runtime's MCP tools and HTTP routes, driven by the official `mcp` client over
+"""`server.app`: the runtime's MCP tools and HTTP routes, driven by the official `mcp` client over
 its in-memory connection (and httpx over ASGI for the routes), in front of a real `Runtime`
 whose model is the engine simulator and whose tools are the fake MCP server, on 127.0.0.1.
 """
@@ -19,11 +19,11 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import CallToolResult, TextContent
 
-from luftpause.runtime import machine as m
-from luftpause.runtime.arguments import SpawnArgs
-from luftpause.runtime.readiness import Verdict
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server, caller_of, spec_from
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.server.app import build_server, caller_of, spec_from
+from luftpause.runtime.server.arguments import SpawnArgs
+from luftpause.runtime.server.readiness import Verdict
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
 
 GOLDEN_TOOLS = Path(__file__).with_name("golden") / "tools_list.json"

@@ -13,13 +13,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanKind
 
 from luftpause.common import tracing
-from luftpause.runtime import journal as j
-from luftpause.runtime import machine as m
-from luftpause.runtime.llm import Llm
-from luftpause.runtime.resend import Outcome
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Attempt, Upstreams, UpstreamTool
+from luftpause.runtime.core import journal as j
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core.resend import Outcome
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Attempt, Upstreams, UpstreamTool
 
 TRACE = 0x0AF7651916CD43DD8448EB211C80319C
 CALLER = 0xB7AD6B7169203331

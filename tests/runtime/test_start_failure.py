@@ -11,9 +11,9 @@ import pytest
 import structlog
 
 from luftpause.runtime import main
-from luftpause.runtime.llm import Llm
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.upstream import Upstreams
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import Upstreams
 
 
 def free_port() -> int:

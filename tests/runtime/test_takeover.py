@@ -12,13 +12,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from luftpause.runtime import journal
-from luftpause.runtime import machine as m
-from luftpause.runtime.runs import Runtime, new_handle
-from luftpause.runtime.store import JournalFile
+from luftpause.runtime.core import journal
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.runtime import Runtime, new_handle
 from luftpause.testkit.engine.server import RunningServer
 from tests.runtime.loopback import MODEL, FakeMcp, runtime_on
-from tests.runtime.test_runs import WAIT, finish, records, until
+from tests.runtime.test_runtime import WAIT, finish, records, until
 
 
 class GatedJournal(JournalFile):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from luftpause.runtime import tasks
+from luftpause.runtime.server import tasks
 
 
 def test_a_task_file_replays_to_each_task_with_its_run_and_how_it_ended() -> None:

@@ -10,10 +10,10 @@ from typing import Any, cast
 import pytest
 from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 
-from luftpause.runtime import machine as m
-from luftpause.runtime.resend import Outcome
-from luftpause.runtime.toolcalls import DECLINED, ToolCaller
-from luftpause.runtime.upstream import Attempt, Upstreams, UpstreamTool
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core.resend import Outcome
+from luftpause.runtime.loop.toolcalls import DECLINED, ToolCaller
+from luftpause.runtime.loop.upstream import Attempt, Upstreams, UpstreamTool
 
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 

@@ -19,9 +19,9 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, ImageContent, TextContent, Tool, ToolAnnotations
 
 import tests.runtime.stdio_tools
-from luftpause.runtime import outbound
-from luftpause.runtime.resend import Outcome
-from luftpause.runtime.upstream import Upstreams, UpstreamTool, result_text
+from luftpause.runtime.core.resend import Outcome
+from luftpause.runtime.loop import outbound
+from luftpause.runtime.loop.upstream import Upstreams, UpstreamTool, result_text
 from luftpause.testkit.fakemcp.core import lookup_text
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.waits import eventually

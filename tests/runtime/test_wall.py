@@ -13,15 +13,16 @@ from typing import Any
 
 import pytest
 
-from luftpause.runtime import compaction
-from luftpause.runtime import machine as m
-from luftpause.runtime.errors import TurnError
-from luftpause.runtime.llm import Llm
+from luftpause.runtime.context.wall import ContextWall
+from luftpause.runtime.context.windows import Windows, parse_window
+from luftpause.runtime.core import compaction
+from luftpause.runtime.core import machine as m
+from luftpause.runtime.core.errors import TurnError
+from luftpause.runtime.journal.file import JournalFile
+from luftpause.runtime.loop.llm import Llm
+from luftpause.runtime.loop.runtime import Runtime, new_handle
+from luftpause.runtime.loop.upstream import Upstreams
 from luftpause.runtime.main import parse_args
-from luftpause.runtime.runs import Runtime, new_handle
-from luftpause.runtime.store import JournalFile
-from luftpause.runtime.upstream import Upstreams
-from luftpause.runtime.wall import ContextWall, Windows, parse_window
 from luftpause.testkit.engine.params import SimParams
 from luftpause.testkit.engine.server import RunningServer, serve
 from tests.runtime.loopback import FAST, MODEL, FakeMcp, fake_mcp

@@ -23,8 +23,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from luftpause.runtime import journal
-from luftpause.runtime import machine as m
+from luftpause.runtime.core import journal
+from luftpause.runtime.core import machine as m
 from luftpause.testkit.procs import Proc, free_port
 from tests.scheduler import test_scheduler_process as sched
 

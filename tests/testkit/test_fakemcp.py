@@ -18,7 +18,7 @@ from mcp import Client
 from mcp.types import TextContent
 from mcp_types import RequestParamsMeta
 
-from luftpause.runtime import resend
+from luftpause.runtime.core import resend
 from luftpause.testkit.fakemcp.core import (
     CallStats,
     KeyLedger,

@@ -9,11 +9,11 @@ Shell module. Serves on one port:
     GET /health            liveness: 200 while the process serves
     GET /ready             readiness: 200 while the dataplane answers its own /ready
     GET /metrics           Prometheus metrics (`metrics`); open like /health
-    GET/POST /away         the away switches of the attention budget (`questions`)
+    GET/POST /away         the away switches of the attention budget (`people.question_gate`)
 
 The state dir holds `runs.jsonl` (the runs), `tasks.jsonl` (MCP Tasks) and `attention.jsonl`
 (the attention budget's asks and the away switches). With `--journal postgresql://...` the runs
-and the tasks are the database's instead (`journal_pg`), shared by every replica on it
+and the tasks are the database's instead (`journal.postgres`), shared by every replica on it
 (`fleet`, `leases`); attention stays in the state dir, per replica. Finished runs older than
 `--retain-finished` leave the live journal (`retention`), checked every `--retain-every`.
 
@@ -45,23 +45,30 @@ from luftpause.common.auth import RUNTIME_KEY_ENV, TOKEN_ENV, Identity, token_fr
 from luftpause.common.keys import KeysError, KeysFile
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import run_async
-from luftpause.runtime import failpoints, journal_pg, outlook, questions, retention, spans, wall
-from luftpause.runtime.arguments import spawn_args
-from luftpause.runtime.attention import DEFAULT_PER_HOUR
-from luftpause.runtime.auth import BearerAuth
-from luftpause.runtime.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
-from luftpause.runtime.cors import DEFAULT_ORIGINS, StatusCors
-from luftpause.runtime.fleet import Fleet
-from luftpause.runtime.journal_pg import Database, PgJournal
-from luftpause.runtime.llm import TURN_TIMEOUT, Llm
-from luftpause.runtime.metrics import RuntimeMetrics
-from luftpause.runtime.money import PricesError, PriceTable, load_prices
-from luftpause.runtime.readiness import DataplaneReadiness, Verdict
-from luftpause.runtime.runs import Runtime
-from luftpause.runtime.server import build_server, spawn_owned, spec_from
-from luftpause.runtime.store import JournalFile, Store
-from luftpause.runtime.tasks import TASKS_NAME, TasksExtension
-from luftpause.runtime.upstream import TOOL_TIMEOUT, Upstreams
+from luftpause.runtime.context import wall
+from luftpause.runtime.context.windows import Windows
+from luftpause.runtime.core import retention
+from luftpause.runtime.core.attention import DEFAULT_PER_HOUR
+from luftpause.runtime.core.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
+from luftpause.runtime.core.price_table import PricesError, PriceTable
+from luftpause.runtime.journal import postgres
+from luftpause.runtime.journal.file import JournalFile, Store
+from luftpause.runtime.journal.fleet import Fleet
+from luftpause.runtime.journal.postgres import Database, PgJournal
+from luftpause.runtime.loop import failpoints, spans
+from luftpause.runtime.loop.llm import TURN_TIMEOUT, Llm
+from luftpause.runtime.loop.runtime import Runtime
+from luftpause.runtime.loop.upstream import TOOL_TIMEOUT, Upstreams
+from luftpause.runtime.people import question_gate
+from luftpause.runtime.plans import planner
+from luftpause.runtime.plans.planner import load_prices
+from luftpause.runtime.server.app import build_server, spawn_owned, spec_from
+from luftpause.runtime.server.arguments import spawn_args
+from luftpause.runtime.server.auth import BearerAuth
+from luftpause.runtime.server.cors import DEFAULT_ORIGINS, StatusCors
+from luftpause.runtime.server.metrics import RuntimeMetrics
+from luftpause.runtime.server.readiness import DataplaneReadiness, Verdict
+from luftpause.runtime.server.tasks import TASKS_NAME, TasksExtension
 
 _SHUTDOWN_GRACE_SECONDS = 2
 STOP_GRACE = 5.0  # seconds tool calls in flight get to return when the runtime stops
@@ -110,8 +117,8 @@ class RuntimeConfig:
         if self.approvals_per_hour < 0 or self.keep_rounds < 0 or self.summary_tokens < 1:
             raise ValueError("approvals per hour and keep rounds must be >= 0, summary tokens >= 1")
         if self.scheduler_url is not None:
-            outlook.check_url(self.scheduler_url)
-        if self.journal is not None and not journal_pg.is_url(self.journal):
+            planner.check_url(self.scheduler_url)
+        if self.journal is not None and not postgres.is_url(self.journal):
             raise ValueError(
                 "--journal takes a postgresql:// URL (the file journal is the default)"
             )
@@ -220,9 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"how often finished runs are checked for retention (default {RETAIN_EVERY:g})",
     )
-    questions.add_arguments(p)
+    question_gate.add_arguments(p)
     wall.add_arguments(p)
-    outlook.add_arguments(p)
+    planner.add_arguments(p)
     return p
 
 
@@ -304,16 +311,16 @@ async def serve(
         metrics = RuntimeMetrics()
         observe = metrics.journal_append.observe
         failed = metrics.journal_failed
-        windows = wall.Windows(llm, config.context_windows)
-        sight = outlook.Outlook(
+        windows = Windows(llm, config.context_windows)
+        plan = planner.Planner(
             prices=prices, scheduler_url=config.scheduler_url, context_windows=windows.of
         )
-        opened.push_async_callback(sight.close)
-        attention = questions.Questions(
+        opened.push_async_callback(plan.close)
+        attention = question_gate.Questions(
             config.approvals_per_hour,
             on_asked=metrics.asked,
             journal_file=JournalFile(
-                config.state_dir, questions.ATTENTION_NAME, observe=observe, on_failure=failed
+                config.state_dir, question_gate.ATTENTION_NAME, observe=observe, on_failure=failed
             ),
         )
         if attention.journal is not None:
@@ -333,11 +340,11 @@ async def serve(
                 on_failure=failed,
             )
             opened.push_async_callback(db.close)
-            log.info("runtime.journal", database=journal_pg.redacted(config.journal),
+            log.info("runtime.journal", database=postgres.redacted(config.journal),
                      replica=config.replica)  # fmt: skip
             await db.connect()
             await db.hold_name(wait=2 * config.lease_seconds)
-            runs_journal, task_file = PgJournal(db), PgJournal(db, journal_pg.TASKS)
+            runs_journal, task_file = PgJournal(db), PgJournal(db, postgres.TASKS)
             await runs_journal.load()
             await task_file.load()
         runtime = Runtime(
@@ -345,7 +352,7 @@ async def serve(
             llm,
             upstreams,
             metrics=metrics,
-            outlook=sight,
+            planner=plan,
             questions=attention,
             tool_timeout=config.tool_timeout,
             wall=wall.ContextWall(
@@ -420,7 +427,7 @@ async def serve(
             await fleet.close()  # after the runs stopped: their leases go to the other replicas
         if db is not None:
             await db.close()
-        await sight.close()
+        await plan.close()
         tasks.close()
         if attention.journal is not None:
             attention.journal.close()
