@@ -72,6 +72,46 @@ def medians_line(cell: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
+def _med(figures: dict[str, Any], key: str) -> float:
+    value: float = figures[key]["median"]
+    return value
+
+
+def ratelimit_row(label: str, scenario: str) -> Callable[[dict[str, Any]], str]:
+    """A row of the README's rate-limit table: medians over the seeds of the 429s at the
+    provider (direct with the openai defaults, a patient client, LiteLLM, luftpause without
+    `limits`), the errors clients saw (direct, LiteLLM, luftpause), luftpause's wall clock over
+    the earliest the budgets allow (direct's), and the turn p90 (LiteLLM, luftpause)."""
+
+    def render(data: dict[str, Any]) -> str:
+        arms = data["scenarios"][scenario]["summary"]
+        refused = " / ".join(
+            f"{_med(arms[a], 'provider_429s'):g}"
+            for a in ("direct", "direct-patient", "litellm", "luftpause")
+        )
+        errors = " / ".join(
+            f"{_med(arms[a], 'errors'):g}" for a in ("direct", "litellm", "luftpause")
+        )
+        wall = (
+            f"{_med(arms['luftpause'], 'wall_over_earliest'):.2f} "
+            f"({_med(arms['direct'], 'wall_over_earliest'):.2f})"
+        )
+        p90 = (
+            f"{_med(arms['litellm'], 'turn_p90_s'):.1f} / "
+            f"{_med(arms['luftpause'], 'turn_p90_s'):.1f} s"
+        )
+        return f"| {label} | {refused} | {errors} | {wall} | {p90} |"
+
+    return render
+
+
+RATELIMIT_ROWS = (
+    ("fixed window", "fixed-openai"),
+    ("token bucket", "continuous-openai"),
+    ("token bucket, input and output budgets", "continuous-anthropic"),
+    ("two providers of one model", "two-providers"),
+)
+
 FIGURES: list[Figure] = [
     Figure(
         "matrix, llama.cpp plain messages",
@@ -83,6 +123,10 @@ FIGURES: list[Figure] = [
         "matrix_real_settle_text.json",
         medians_line("real-text"),
     ),
+]
+FIGURES += [
+    Figure(f"rate limits, {label}", "ratelimit_realtime.json", ratelimit_row(label, scenario))
+    for label, scenario in RATELIMIT_ROWS
 ]
 """The README's figures, each with the result file it cites."""
 
