@@ -105,6 +105,23 @@ def ratelimit_row(label: str, scenario: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
+def family_line(data: dict[str, Any]) -> str:
+    """The family's distribution of luftpause / cache_aware, batch then interactive runs/min,
+    and the models behind on both classes with their ratios."""
+    s = data["summary"]
+    b, i = s["batch"], s["interactive"]
+    ratios = {m["name"]: m["ratio"] for m in data["models"]}
+    behind = ", ".join(
+        f"{name} {ratios[name]['interactive']:.3f}x / {ratios[name]['batch']:.3f}x"
+        for name in s["behind"]
+    )
+    return (
+        f"batch at a median of {b['median']:.2f}x (worst {b['min']:.2f}x, 10th percentile "
+        f"{b['p10']:.2f}x), interactive {i['median']:.2f}x (90th percentile {i['p90']:.2f}x, "
+        f"best {i['max']:.2f}x); behind on both classes: {behind or 'none'}"
+    )
+
+
 RATELIMIT_ROWS = (
     ("fixed window", "fixed-openai"),
     ("token bucket", "continuous-openai"),
@@ -124,6 +141,7 @@ FIGURES: list[Figure] = [
         medians_line("real-text"),
     ),
 ]
+FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
 FIGURES += [
     Figure(f"rate limits, {label}", "ratelimit_realtime.json", ratelimit_row(label, scenario))
     for label, scenario in RATELIMIT_ROWS
