@@ -16,9 +16,9 @@ CHROMIUM := /usr/bin/chromium
 # harnesses/package.json and its lockfile pin.
 HARNESSES := harnesses/node_modules/.installed
 
-.PHONY: install browser postgres docker-tools up test test-real test-slow test-all lint typecheck pytest \
-	proto soak bench bench-real \
-	bench-matrix bench-ratelimit calibrate vllm wheel images release clean
+.PHONY: install browser postgres docker-tools up test test-real test-slow test-all lint typecheck \
+	pytest proto soak bench bench-real bench-matrix bench-ratelimit calibrate vllm wheel images \
+	release clean
 
 install: $(STAMP) browser postgres $(HARNESSES)
 
