@@ -95,11 +95,11 @@ test: install docker-tools lint typecheck pytest
 # and the dataplane, the llama-engine image under Docker, and vLLM's CPU build, whose tests skip
 # (saying so) until `make vllm` has built it.
 test-real: install docker-tools $(REAL_STAMP)
-	$(BIN)/pytest -q -m real_engine
+	$(BIN)/pytest -q -rs -m real_engine
 
 # The tests marked `slow`: the 10-minute soak and the rate-limit benchmark's quick run.
 test-slow: install $(BENCH_STAMP)
-	$(BIN)/pytest -q -m slow
+	$(BIN)/pytest -q -rs -m slow
 
 test-all: test test-real test-slow
 
