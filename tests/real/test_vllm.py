@@ -6,8 +6,9 @@ through the dataplane streams a tool call that vLLM's hermes parser found in the
 a repeated prefix comes back as cached tokens in `usage`, streamed or not; and a request vLLM
 refuses reaches the official client as a clean 400.
 
-Marked real_engine: `make test` skips it. Run `make vllm` once (the venv and the model), then
-`.venv/bin/pytest -m real_engine tests/real/test_vllm.py` (about 3 minutes), inside
+Marked real_engine: `make test` skips it; `make test-real` runs it once `make vllm` has built
+the venv and the model, and skips it saying so until then (alone:
+`.venv/bin/pytest -m real_engine tests/real/test_vllm.py`, about 3 minutes), inside
 `flock /tmp/luftpause-bench.lock` when benchmarks share the machine.
 """
 
