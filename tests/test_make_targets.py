@@ -7,7 +7,8 @@ Pure reading: no processes. Checked:
   `test-*` target of the Makefile (`pytest ... -m <marker>`), so no marked test is left out of
   every target and none runs twice;
 - `make test` reaches pytest only without `-m`, that is with the `addopts` selection;
-- `make test-all` runs every other test target, and `.ci/run` runs the same ones;
+- `make test-all` runs every other test target, and `.ci/run` runs `make test` and then
+  `make test-real`;
 - the README and docs/development.md each have a table row for every test target and for
   nothing else, each with the time it took.
 """
@@ -146,14 +147,13 @@ def test_make_test_runs_pytest_with_the_default_selection_only() -> None:
     assert {"lint", "typecheck", "pytest"} <= set(makefile()["test"].prerequisites)
 
 
-def test_test_all_and_ci_run_every_test_target() -> None:
+def test_test_all_runs_every_test_target_and_ci_the_suite_and_the_real_engines() -> None:
     others = make_test_targets() - {"test-all"}
     assert set(makefile()["test-all"].prerequisites) == others
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
     m = re.search(r"^TARGETS=\(([^)]*)\)", ci, re.M)
     assert m, "no TARGETS=(...) in .ci/run"
-    assert m.group(1).split()[0] == "test", "make test comes first"
-    assert set(m.group(1).split()) == others
+    assert m.group(1).split() == ["test", "test-real"]
     assert 'make "$target"' in ci
 
 
