@@ -41,10 +41,6 @@ def x(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}x"
 
 
-def median_of(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def matrix_row(label: str, cell: str) -> Callable[[dict[str, Any]], str]:
     """A row of the README's matrix table: its label, then interactive and batch ratios."""
 
@@ -64,9 +60,10 @@ def medians_line(cell: str) -> Callable[[dict[str, Any]], str]:
         results = data["cells"][cell]["results"]
         ours, base = arm_figures(results[OURS]), arm_figures(results[BASELINE])
         return (
-            f"{median_of(ours['interactive']):.1f} against {median_of(base['interactive']):.1f} "
-            f"interactive and {median_of(ours['batch']):.1f} against "
-            f"{median_of(base['batch']):.1f} batch runs/min"
+            f"{statistics.median(ours['interactive']):.1f} against "
+            f"{statistics.median(base['interactive']):.1f} "
+            f"interactive and {statistics.median(ours['batch']):.1f} against "
+            f"{statistics.median(base['batch']):.1f} batch runs/min"
         )
 
     return render
