@@ -171,6 +171,9 @@ def table(models: list[dict[str, Any]]) -> str:
             )
         r = m["ratio"]
         flag = " (behind)" if behind(r) else ""
+        se = m.get("ratio_se") or {}
+        if se.get("interactive") is not None and se.get("batch") is not None:
+            flag = f" ± {se['interactive']} / {se['batch']}{flag}"
         lines.append(
             f"| {m['name']} | {engine} | {m['style']} | {cells[0]} | {cells[1]} | "
             f"{r['interactive']} / {r['batch']}{flag} |"
@@ -285,6 +288,7 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "arms": arms,
             "ratio": ratios(arms),
             "ratio_turns": ratios(arms, "turns_per_min"),
+            "ratio_se": seed_error([m["ratio"] for m in rows]),
             "by_seed": {
                 str(seed): {"ratio": m["ratio"], "ratio_turns": m.get("ratio_turns")}
                 for seed, m in zip(seeds, rows, strict=True)
@@ -304,6 +308,17 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "table": table(models),
     }
+
+
+def seed_error(per_seed: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per class, the standard error of a model's ratio over the seeds (their standard
+    deviation over the square root of their count; None with fewer than two): how far the
+    mean over seeds can move by chance, the yardstick for a model a hair behind."""
+    out: dict[str, float | None] = {}
+    for cls in ("interactive", "batch"):
+        vals = [v for r in per_seed if (v := r.get(cls)) is not None]
+        out[cls] = round(statistics.stdev(vals) / len(vals) ** 0.5, 3) if len(vals) > 1 else None
+    return out
 
 
 def pool_files(names: list[str], out: str) -> dict[str, Any]:

@@ -104,6 +104,9 @@ def test_pooling_seeds_averages_each_arm_and_keeps_every_seeds_own_ratio() -> No
     assert m["by_seed"]["1"]["ratio"] == {"interactive": 0.9, "batch": 0.99}
     assert out["summary_by_seed"]["1"]["behind"] == ["m"] and out["summary"]["behind"] == []
     assert out["seeds"] == [1, 2]
+    # Seed ratios 0.9 and 1.1 interactive: standard deviation 0.1414, over the root of 2.
+    assert m["ratio_se"] == {"interactive": 0.1, "batch": 0.01}
+    assert "1.0 / 1.0 ± 0.1 / 0.01 |" in out["table"]
 
 
 def test_pooling_refuses_runs_of_different_draws() -> None:
