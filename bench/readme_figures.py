@@ -139,6 +139,11 @@ FIGURES: list[Figure] = [
         matrix_row("llama.cpp, tool results as plain messages", "real-text"),
     ),
     Figure(
+        "matrix, llama.cpp tool calls",
+        "matrix_real_settle_openai.json",
+        matrix_row("llama.cpp, tool calls", "real-openai"),
+    ),
+    Figure(
         "matrix, llama.cpp plain messages: the medians",
         "matrix_real_settle_text.json",
         medians_line("real-text"),
