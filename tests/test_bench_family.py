@@ -136,7 +136,7 @@ def test_a_style_seed_keeps_the_first_draws_styles_at_another_workload_seed() ->
 def test_a_model_behind_by_less_than_twice_its_seed_error_is_behind_but_within_noise() -> None:
     from bench.family import behind_beyond_noise
 
-    hair = {"interactive": 0.985, "batch": 0.994}
+    hair: dict[str, float | None] = {"interactive": 0.985, "batch": 0.994}
     assert behind(hair)
     assert not behind_beyond_noise(hair, {"interactive": 0.01, "batch": 0.005})
     assert behind_beyond_noise(hair, {"interactive": 0.005, "batch": 0.002})
