@@ -148,6 +148,24 @@ FIGURES: list[Figure] = [
         "matrix_real_settle_text.json",
         medians_line("real-text"),
     ),
+    Figure(
+        "matrix, vLLM tool calls",
+        "matrix_real_vllm.json",
+        matrix_row("vLLM's CPU build, tool calls", "vllm-openai"),
+    ),
+    Figure(
+        "matrix, vLLM plain messages",
+        "matrix_real_vllm.json",
+        matrix_row("vLLM's CPU build, tool results as plain messages", "vllm-text"),
+    ),
+    Figure(
+        "matrix, vLLM tool calls: the medians", "matrix_real_vllm.json", medians_line("vllm-openai")
+    ),
+    Figure(
+        "matrix, vLLM plain messages: the medians",
+        "matrix_real_vllm.json",
+        medians_line("vllm-text"),
+    ),
 ]
 FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
 FIGURES += [
