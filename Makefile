@@ -16,7 +16,7 @@ RPC_OUT := proto
 # and its source root (docs/architecture.md, "Distributions"); `make install` installs them all
 # editable in one pip command.
 DISTS    := services/common proto services/scheduler services/dataplane services/runtime testkit
-EDITABLE := $(foreach d,$(DISTS),-e $(d))
+EDITABLE := $(foreach d,$(DISTS),-e ./$(d))
 # The source roots, for a Python that has none of them installed (`make vllm`).
 SPACE := $(subst ,, )
 SOURCE_PATH := $(subst $(SPACE),:,src $(DISTS))
@@ -225,10 +225,11 @@ PACKAGE_FILES := pyproject.toml README.md \
 
 wheel: $(WHEELS)
 
-# One pip command builds them all (the workspace and every distribution of $(DISTS)).
+# One pip command builds them all (the workspace and every distribution of $(DISTS); `./`, or pip
+# would read `proto` as a name to look up).
 $(WHEELS) &: $(PACKAGE_FILES)
 	rm -f dist/luftpause-*.whl dist/luftpause_*.whl
-	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . $(DISTS)
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . $(DISTS:%=./%)
 
 images: wheel
 	rm -rf dist/ca && mkdir -p dist/ca

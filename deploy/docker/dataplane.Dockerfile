@@ -26,8 +26,9 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
 # ---- the venv: only this image's distributions. Each one's third-party dependencies first, in a
 # layer of its own (as its pyproject.toml names them; they change less often than the code), in
 # the order every image installs them (common, rpc, then the service's own), so an image reuses
-# the layers it shares with one built before it. Then the distributions' wheels from dist/
-# (`make wheel`), without dependencies; pip itself is not kept. `python3` is the base image's.
+# the layers it shares with one built before it. Then the wheels of these distributions only,
+# from dist/ (`make wheel`; without them COPY fails, "no source files"), so a change to another
+# distribution leaves this image cached; pip itself is not kept. `python3` is the base image's.
 FROM base AS venv
 COPY deploy/docker/requirements.py /tmp/build/
 RUN python3 -m venv /opt/luftpause
@@ -40,10 +41,8 @@ RUN python3 /tmp/build/requirements.py /tmp/build/rpc/pyproject.toml > /tmp/buil
 COPY services/dataplane/pyproject.toml /tmp/build/dataplane/
 RUN python3 /tmp/build/requirements.py /tmp/build/dataplane/pyproject.toml > /tmp/build/dataplane.txt \
     && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/dataplane.txt
-COPY dist/ /tmp/dist/
-RUN ls /tmp/dist/luftpause_common-*.whl /tmp/dist/luftpause_rpc-*.whl /tmp/dist/luftpause_dataplane-*.whl > /dev/null \
-        || { echo "a wheel is missing in dist/: run 'make wheel' (or 'make images') first" >&2; exit 1; } \
-    && /opt/luftpause/bin/pip install --no-cache-dir --no-deps /tmp/dist/luftpause_common-*.whl /tmp/dist/luftpause_rpc-*.whl /tmp/dist/luftpause_dataplane-*.whl \
+COPY dist/luftpause_common-*.whl dist/luftpause_rpc-*.whl dist/luftpause_dataplane-*.whl /tmp/dist/
+RUN /opt/luftpause/bin/pip install --no-cache-dir --no-deps /tmp/dist/luftpause_common-*.whl /tmp/dist/luftpause_rpc-*.whl /tmp/dist/luftpause_dataplane-*.whl \
     && /opt/luftpause/bin/pip check \
     && /opt/luftpause/bin/luftpause-dataplane --help > /dev/null \
     && /opt/luftpause/bin/python -m pip uninstall --yes --quiet pip setuptools

@@ -129,3 +129,14 @@ def final_text(name: str, until: str) -> str:
     text = path(name).read_text()
     start = text.rindex("\nFROM base\n")
     return text[start : text.index(until, start)]
+
+
+def copied_wheels(name: str) -> list[str]:
+    """The wheel files (globs) of dist/ the venv stage copies in."""
+    return [
+        source
+        for key, args in stage(name, " AS venv")
+        if key == "COPY"
+        for source in args.split()[:-1]
+        if source.startswith("dist/")
+    ]

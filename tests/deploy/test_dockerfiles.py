@@ -10,6 +10,7 @@ layers of what they share.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -122,6 +123,8 @@ def test_each_image_installs_its_distribution_and_only_what_that_one_depends_on(
     needed = distributions.closure(own.name)
     assert d.installed(name) == needed
     assert d.wheels(name) == [f"/tmp/dist/{dist.wheel}*.whl" for dist in needed]
+    # Only its own wheels enter the image: a change to another distribution leaves it cached.
+    assert d.copied_wheels(name) == [f"dist/{dist.wheel}*.whl" for dist in needed]
 
 
 def test_the_runtime_image_installs_no_grpc_code_and_the_dataplane_no_mcp_sdk() -> None:
@@ -197,9 +200,12 @@ def test_the_build_context_lets_in_only_what_the_images_copy() -> None:
     for name in d.ALL_IMAGES:
         for key, args in d.instructions(name):
             if key == "COPY" and not args.startswith("--from"):
-                source = args.split()[0].replace("${CA_CERTS}", ca_default)
-                assert source in allowed, f"{name}: COPY {source} is outside the build context"
-                copied.add(source)
+                for written in args.split()[:-1]:
+                    # A wheel of dist/ (`dist/luftpause_common-*.whl`) counts as dist/.
+                    source = re.sub(r"^dist/[^/]+\.whl$", "dist/", written)
+                    source = source.replace("${CA_CERTS}", ca_default)
+                    assert source in allowed, f"{name}: COPY {source} is outside the build context"
+                    copied.add(source)
             if key == "ARG" and args.startswith("CA_CERTS="):
                 assert args == f"CA_CERTS={ca_default}"
     assert (ROOT / ca_default / "README.md").is_file()
