@@ -125,6 +125,21 @@ def family_line(data: dict[str, Any]) -> str:
     )
 
 
+def model_line(name: str) -> Callable[[dict[str, Any]], str]:
+    """One pooled model's ratios with their standard errors: `0.978x ± 0.007 interactive and
+    0.996x ± 0.004 batch`."""
+
+    def render(data: dict[str, Any]) -> str:
+        m = next(m for m in data["models"] if m["name"] == name)
+        r, se = m["ratio"], m["ratio_se"]
+        return (
+            f"{r['interactive']:.3f}x ± {se['interactive']:.3f} interactive and "
+            f"{r['batch']:.3f}x ± {se['batch']:.3f} batch"
+        )
+
+    return render
+
+
 RATELIMIT_ROWS = (
     ("fixed window", "fixed-openai"),
     ("token bucket", "continuous-openai"),
@@ -168,6 +183,13 @@ FIGURES: list[Figure] = [
     ),
 ]
 FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
+FIGURES.append(
+    Figure(
+        "family, sglang-26-28 at twelve seeds",
+        "family_lab_s28_pooled.json",
+        model_line("sglang-26-28"),
+    )
+)
 FIGURES += [
     Figure(f"rate limits, {label}", "ratelimit_realtime.json", ratelimit_row(label, scenario))
     for label, scenario in RATELIMIT_ROWS
