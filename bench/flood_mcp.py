@@ -6,9 +6,12 @@ Per arm and repeat, all fresh: two engine simulators (bench.flood's GPU-class pr
 scripted to make `--tool-calls` tool calls), the arm's front (bench.arms.start_front), fake-mcp
 with `lookup` taking 1 s of simulated time, and a runtime whose dataplane is that front. Against
 an sglang-router arm that is "the runtime straight to the router" (the router ignores the
-run/class/caller headers). The load (`luftpause.testkit.mcp_loadgen`): 48 batch and 4
-interactive agents over 4 MCP sessions, each spawning a sub-agent on an 8,000-character task
-with `lookup` and at most 3 tool calls, awaiting it, and spawning the next.
+run/class/caller headers); in the router arm whose clients send `priority`
+(`router-cache_aware-priority`) the runtime puts its run's class's engine priority in every
+turn's body (`--send-priority`), as the loadgen does in bench.flood. The load
+(`luftpause.testkit.mcp_loadgen`): 48 batch and 4 interactive agents over 4 MCP sessions, each
+spawning a sub-agent on an 8,000-character task with `lookup` and at most 3 tool calls, awaiting
+it, and spawning the next.
 
 Also measured per arm: CPU seconds per window second of the runtime, fake-mcp and this process
 (the MCP clients), and the whole machine's busy share, since 52 sub-agents on 2 cores can make
@@ -33,7 +36,7 @@ from typing import Any
 from bench.arms import ARMS, start_engines, start_front
 from bench.common import LoadWatch, rotated, write_result
 from bench.engine_watch import engine_load
-from bench.flood import _scale
+from bench.flood import _scale, client_priority
 from luftpause.testkit.mcp_loadgen import McpWorkload, run_mcp_workload
 from luftpause.testkit.stack import SIM_MODEL, start_runtime
 
@@ -75,8 +78,16 @@ async def one_arm(arm: str, rep: int, args: argparse.Namespace, workdir: Path) -
             engine_priority=args.engine_priority,
         )
         front = arm_front.url
+        sent = client_priority(arm, args.engine_priority)
+        env = {"LUFTPAUSE_SEND_PRIORITY": ",".join(f"{c}={n}" for c, n in sent)} if sent else None
         rt = await start_runtime(
-            exits, workdir, front, name=name, tool_seconds=1.0 / args.time_scale, model=SIM_MODEL
+            exits,
+            workdir,
+            front,
+            name=name,
+            tool_seconds=1.0 / args.time_scale,
+            model=SIM_MODEL,
+            env=env,
         )
         url, runtime, fake = rt.mcp_url, rt.runtime, rt.fake_mcp
         wl = McpWorkload(

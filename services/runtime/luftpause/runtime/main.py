@@ -51,6 +51,7 @@ from luftpause.runtime.core import retention
 from luftpause.runtime.core.attention import DEFAULT_PER_HOUR
 from luftpause.runtime.core.compaction import DEFAULT_KEEP_ROUNDS, DEFAULT_SUMMARY_TOKENS
 from luftpause.runtime.core.price_table import PricesError, PriceTable
+from luftpause.runtime.core.values import SERVICE_CLASSES
 from luftpause.runtime.journal import postgres
 from luftpause.runtime.journal.file import JournalFile, Store
 from luftpause.runtime.journal.fleet import Fleet
@@ -106,6 +107,8 @@ class RuntimeConfig:
     lease_seconds: float = LEASE_SECONDS
     retain_finished: float = RETAIN_FINISHED
     retain_every: float = RETAIN_EVERY
+    # (class, engine priority) a turn's body carries, as `--send-priority` gives them.
+    send_priority: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -227,10 +230,35 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"how often finished runs are checked for retention (default {RETAIN_EVERY:g})",
     )
+    p.add_argument(
+        "--send-priority",
+        action="append",
+        default=[],
+        type=_priority_arg,
+        metavar="CLASS=N",
+        help="put `priority: N` in the body of every turn of a run of CLASS (interactive or "
+        "batch), for a dataplane that is a plain router in front of engines scheduling by it "
+        "(SGLang's --enable-priority-scheduling); not needed through luftpause's dataplane, "
+        "which sets it per endpoint; repeatable",
+    )
     question_gate.add_arguments(p)
     wall.add_arguments(p)
     planner.add_arguments(p)
     return p
+
+
+def _priority_arg(text: str) -> tuple[str, int]:
+    """`interactive=0` as ("interactive", 0); anything else a usage error."""
+    name, sep, number = text.partition("=")
+    if not sep or name.strip() not in SERVICE_CLASSES:
+        raise argparse.ArgumentTypeError(
+            f"expected CLASS=N with CLASS one of {', '.join(SERVICE_CLASSES)}, got {text!r}"
+        )
+    try:
+        return name.strip(), int(number)
+    except ValueError:
+        message = f"the priority must be an integer, got {number!r}"
+        raise argparse.ArgumentTypeError(message) from None
 
 
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> RuntimeConfig:
@@ -252,6 +280,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Run
             keys_file=Path(ns.keys_file) if ns.keys_file else None,
             approvals_per_hour=ns.approvals_per_hour,
             context_windows=tuple(ns.context_window),
+            send_priority=tuple(ns.send_priority),
             keep_rounds=ns.keep_rounds,
             summary_tokens=ns.summary_tokens,
             prices_file=Path(ns.prices) if ns.prices else None,
@@ -306,6 +335,7 @@ async def serve(
             config.dataplane,
             timeout=config.turn_timeout,
             token=bearer.decode() if bearer else None,
+            priorities=dict(config.send_priority),
         )
         opened.push_async_callback(llm.close)
         metrics = RuntimeMetrics()

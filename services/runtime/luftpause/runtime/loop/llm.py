@@ -13,6 +13,11 @@ key, else `LUFTPAUSE_TOKEN`).
 
 A prompt the engine refuses as longer than its context window is raised at once, never
 retried, as `ContextOverflow` (the run then compacts its history, `wall`).
+
+With `--send-priority CLASS=N` each turn of a run of that class carries `"priority": N` in its
+body, for a runtime whose dataplane is a plain router in front of engines that schedule by it
+(SGLang's `--enable-priority-scheduling`). Through luftpause's dataplane leave it unset: the
+dataplane sets each turn's engine priority from its endpoint's `priority` numbers.
 """
 
 from __future__ import annotations
@@ -68,12 +73,19 @@ class Llm:
     """One OpenAI client for the dataplane, shared by every run."""
 
     def __init__(
-        self, dataplane: str, *, timeout: float = TURN_TIMEOUT, token: str | None = None
+        self,
+        dataplane: str,
+        *,
+        timeout: float = TURN_TIMEOUT,
+        token: str | None = None,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"a turn's timeout must be above 0 s, got {timeout}")
         self.dataplane = dataplane.rstrip("/")
         self.timeout = timeout
+        # The engine `priority` a turn's body carries, by its run's class (`--send-priority`).
+        self.priorities = dict(priorities or {})
         # The runtime's service key, else LUFTPAUSE_TOKEN: the bearer it sends the dataplane.
         self.client = AsyncOpenAI(
             base_url=f"{self.dataplane}/v1",
@@ -146,6 +158,8 @@ class Llm:
                 extra["tool_choice"] = "none"
         if spec.max_tokens:
             extra["max_tokens"] = spec.max_tokens
+        if spec.service_class in self.priorities:
+            extra["extra_body"] = {"priority": self.priorities[spec.service_class]}
         headers = {
             "x-luftpause-run-id": spec.handle,
             "x-luftpause-class": spec.service_class,
