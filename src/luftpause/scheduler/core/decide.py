@@ -9,14 +9,14 @@ in time, applies the event, drains the held turns that may fit now, and freezes 
 the next state. A turn enters as `Admit` and waits in a queue of its bucket (see `model`) until
 a replica may take it (`placement.choose_replica`). Whatever adds room (a turn ends, a probe
 changes load or health, a run leaves a working set, a resync) notes the replica in
-`Draft.opened` (`placement.set_replica`); whatever moves a held turn to another bucket returns
-that bucket. Those buckets drain in priority order: interactive before batch (while within its
-share, `shares`), then the caller with the fewest turns in flight, then arrival. A placed turn
-puts its run in GENERATING on that replica; a reply ending in tool calls leaves it TOOL_PAUSED
-there (pinned, and holding headroom against batch if it is interactive); any other end leaves
-it IDLE, resident while runs like it come back (`residency`). Ticks (`upkeep`) expire turns
-never reported back, runs idle too long, the turns of dataplanes gone past their grace period,
-and the waits only worth a bounded time (`holds`).
+`Draft.opened` (`Draft.settle`, once the step's changes to it are in); whatever moves a held
+turn to another bucket returns that bucket. Those buckets drain in priority order: interactive
+before batch (while within its share, `shares`), then the caller with the fewest turns in
+flight, then arrival. A placed turn puts its run in GENERATING on that replica; a reply ending
+in tool calls leaves it TOOL_PAUSED there (pinned, and holding headroom against batch if it is
+interactive); any other end leaves it IDLE, resident while runs like it come back
+(`residency`). Ticks (`upkeep`) expire turns never reported back, runs idle too long, the turns
+of dataplanes gone past their grace period, and the waits only worth a bounded time (`holds`).
 """
 
 from __future__ import annotations
@@ -130,6 +130,7 @@ def decide(state: State, event: Event) -> Decision:
     d = Draft(state)
     residency.expire(d, event.at)
     actions, buckets = _apply(d, event)
+    d.settle()
     if d.held and (buckets or d.opened):
         for rid in dict.fromkeys(d.opened):
             buckets += queues.buckets_for_replica(d, rid)
@@ -392,8 +393,10 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
         replica = choose_replica(d, turn)
         if replica is None:  # cannot happen while bucket_fits holds; never loop on it
             raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
+        d.settle()
         d.opened.clear()
         moved, taken = lifecycle.start_turn(d, turn, replica, at)
+        d.settle()
         for rid in d.opened:
             moved += queues.buckets_for_replica(d, rid)
         pending += [b for b in dict.fromkeys(moved) if b not in pending]

@@ -19,7 +19,8 @@ each index equals its rebuild):
 - `queues`: the held-turn queues, their heads, the held turns by run;
 - `expiry`: the turn-timeout order, the runs' idle-expiry checks;
 - `residency`: per replica, the resident tokens and new-run flags; the residency checks;
-- `placement`: the replicas with room per (kind, model, class); the open-replica version;
+- `room` (`placement` stores replicas, `Draft.settle` brings the sets up to date): the replicas
+  with room per (kind, model, class); the open-replica version;
 - `shares`: per model, each class's turns in flight and held (beside the turn-seconds each had
   lately, a fact the same module keeps).
 """
@@ -31,6 +32,7 @@ from typing import Any
 
 import immutables
 
+from luftpause.scheduler.core import room as rooms
 from luftpause.scheduler.core.learned import Comeback, ComebackKey, Replies, Sizes
 from luftpause.scheduler.core.model import (
     DATAPLANE_GRACE_S,
@@ -53,7 +55,7 @@ _NO_SIZES = Sizes()
 _RULES = Rules()
 _NO_ROOM: frozenset[str] = frozenset()
 
-RoomKey = tuple[str, str, ServiceClass]
+RoomKey = rooms.RoomKey
 QueueKey = tuple[Bucket, ServiceClass, str]
 HeadKey = tuple[Bucket, ServiceClass]
 
@@ -110,7 +112,7 @@ class State:
     # (kind, model, class) -> healthy replicas serving the model with room for the class: kind
     # "m" where a new run may start too (the KV rule), "o" any, "s" single-pass.
     room: immutables.Map[RoomKey, frozenset[str]] = _EMPTY
-    # Bumped whenever the set of open replicas (`placement.is_open`) may have changed; the shell
+    # Bumped whenever the set of open replicas (`room.is_open`) may have changed; the shell
     # publishes the new set to the dataplanes when it sees a new value.
     open_version: int = 0
 
@@ -123,7 +125,10 @@ class Draft:
 
     Made only by `decide()` (`Draft(state)`), frozen into the next `State` at its end. Besides
     the state's fields it collects `opened`: the replicas whose room for new runs opened during
-    the call, whose held turns the call drains before it returns. Both keep their fields in an
+    the call, whose held turns the call drains before it returns; and `stale`: the replicas
+    stored since the room sets were last brought up to date, each as the room sets last saw
+    it (`settle`, which every read of the room sets and `freeze` do first). Both keep their
+    fields in an
     instance `__dict__`, so making a draft and freezing it are one dict copy each (a decision
     is a few dozen microseconds; copying 26 slots one by one was a tenth of it).
     """
@@ -162,20 +167,44 @@ class Draft:
     room: immutables.Map[RoomKey, frozenset[str]]
     open_version: int
     opened: list[str]
+    stale: dict[str, Replica]
 
     def __init__(self, s: State) -> None:
         self.__dict__.update(s.__dict__)
         self.opened = []
+        self.stale = {}
 
     def room_for(self, key: RoomKey) -> frozenset[str]:
+        if self.stale:
+            self.settle()
         return self.room.get(key, _NO_ROOM)
+
+    def settle(self) -> None:
+        """Bring the room sets and the open version up to date with the replicas stored since
+        they last were, once per replica: a replica that gained room goes to `opened`."""
+        room = self.room
+        replicas = self.replicas
+        for rid, old in self.stale.items():
+            new = replicas[rid]
+            if new is old:
+                continue
+            room, gained = rooms.moved(room, old, new)
+            if gained:
+                self.opened.append(rid)
+            if rooms.is_open(new) != rooms.is_open(old):
+                self.open_version += 1
+        self.room = room
+        self.stale.clear()
 
     def freeze(self) -> State:
         """The state this draft now describes."""
+        if self.stale:
+            self.settle()
         state = object.__new__(State)
         fields = state.__dict__
         fields.update(self.__dict__)
         del fields["opened"]
+        del fields["stale"]
         return state
 
 
