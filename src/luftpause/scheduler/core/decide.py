@@ -89,6 +89,7 @@ def initial_state(
     generative: dict[str, list[str]] = {}
     single: dict[str, list[str]] = {}
     for e in endpoints:
+        position = replicas[e.id].index if e.id in replicas else len(replicas)
         # No `limits` and nothing that says it is an engine of our own (its KV pool, slots,
         # running cap or priorities): unread until its first reply or probe (`Replica.unread`).
         engine = bool(e.kv_tokens or e.slots or e.max_running or e.priority)
@@ -98,6 +99,7 @@ def initial_state(
             url=e.base_url,
             models=e.models,
             kind=e.kind,
+            index=position,
             priority=e.priority,
             slots=e.slots,
             slot_runs=("",) * e.slots,
@@ -114,6 +116,7 @@ def initial_state(
     d = Draft(
         State(
             replicas=immutables.Map(replicas),
+            replica_ids=tuple(replicas),
             generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
             single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
             dataplane_grace_s=dataplane_grace_s,

@@ -75,5 +75,5 @@ def room_elsewhere(view: View, held: HeldTurn, home: str) -> bool:
     heads = view.heads
     return any(
         rid != home and not heads.get((("r", rid, held.model), cls))
-        for rid in view.room_for(("o", held.model, cls))
+        for rid in view.room_ids(view.room_for(("o", held.model, cls)))
     )

@@ -221,6 +221,8 @@ class Replica:
     url: str
     models: frozenset[str]
     kind: EndpointKind = EndpointKind.GENERATIVE
+    # Its position in the pool's configuration: its bit in the room sets (`room`).
+    index: int = 0
     healthy: bool = False
     # What the engine last reported on /metrics; None when it reports nothing.
     engine_running: int | None = None

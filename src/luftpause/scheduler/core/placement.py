@@ -122,7 +122,9 @@ def choose_replica(view: View, turn: HeldTurn) -> Replica | None:
     replicas = view.replicas
     if turn.single_pass:
         ids = view.room_for(("s", turn.model, cls))
-        return min((replicas[rid] for rid in ids), key=_load_key) if ids else None
+        if not ids:
+            return None
+        return min((replicas[rid] for rid in view.room_ids(ids)), key=_load_key)
     # The KV rule holds new runs (and runs resident nowhere) until the held time runs out (the
     # turn sits in an "o" bucket then; one whose run became pinned meanwhile is back in "r").
     kv_rule = turn.bucket[0] != "o"
@@ -140,10 +142,11 @@ def choose_replica(view: View, turn: HeldTurn) -> Replica | None:
     ids = view.room_for(("o", turn.model, cls))
     if not ids:
         return None
-    if len(ids) == 1:
-        (only,) = ids
-        return replicas[only]
-    return min((replicas[rid] for rid in ids), key=lambda r: cost(view, turn, run, r))
+    if not ids & (ids - 1):  # one replica has room
+        return replicas[view.replica_ids[ids.bit_length() - 1]]
+    return min(
+        (replicas[rid] for rid in view.room_ids(ids)), key=lambda r: cost(view, turn, run, r)
+    )
 
 
 def _load_key(replica: Replica) -> tuple[float, int, str]:

@@ -8,6 +8,12 @@ every replica; `Draft.settle` keeps them in step with the replicas a step change
 changed replica however often the step changed it (a freed slot and the held turn that takes it
 change a replica several times); `build` makes them from the replicas alone.
 
+A set is a bit mask over the replicas' positions in the configuration (`Replica.index`;
+`State.replica_ids` maps a position back to its id), and the six sets of a model, (kind, class)
+for "m", "o" and "s", are one tuple under the model: a replica gaining or losing room changes
+one map entry per model it serves, not one set per flag. A model whose sets are all empty has
+no entry.
+
 An *open* replica (`is_open`) has room for every turn: a dataplane may place turns there itself.
 """
 
@@ -22,12 +28,17 @@ from luftpause.scheduler.core.model import Replica, ServiceClass
 
 RoomKey = tuple[str, str, ServiceClass]
 Flags = tuple[bool, bool, bool, bool]
+Masks = tuple[int, ...]  # six: (kind, class) by `_SLOT`
+Room = immutables.Map[str, Masks]
 
-_CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
-_NO_IDS: frozenset[str] = frozenset()
+_I, _B = ServiceClass.INTERACTIVE, ServiceClass.BATCH
 _NONE: Flags = (False, False, False, False)
-_SINGLE_KEYS = (("s", _CLASSES[0]), ("s", _CLASSES[1]), ("", _CLASSES[0]), ("", _CLASSES[1]))
-_GENERATIVE_KEYS = (("m", _CLASSES[0]), ("m", _CLASSES[1]), ("o", _CLASSES[0]), ("o", _CLASSES[1]))
+_NO_MASKS: Masks = (0, 0, 0, 0, 0, 0)
+# Where each (kind, class) sits in a model's masks, and where each flag of `flags` goes (-1:
+# a flag the kind does not have).
+_SLOT = {("m", _I): 0, ("m", _B): 1, ("o", _I): 2, ("o", _B): 3, ("s", _I): 4, ("s", _B): 5}
+_GENERATIVE_SLOTS = (0, 1, 2, 3)
+_SINGLE_SLOTS = (4, 5, -1, -1)
 
 
 def room_pair(replica: Replica) -> tuple[bool, bool]:
@@ -54,7 +65,9 @@ def is_open(replica: Replica) -> bool:
 
 
 def flags(replica: Replica) -> Flags:
-    """Whether `replica` counts in each room set of its kind: see `keys`."""
+    """Whether `replica` counts in each room set of its kind: "m" interactive, "m" batch, "o"
+    interactive, "o" batch for a generative one; "s" interactive, "s" batch for a single-pass
+    one (and two unused flags)."""
     if not replica.healthy:
         return _NONE
     interactive, batch = room_pair(replica)
@@ -70,34 +83,49 @@ def flags(replica: Replica) -> Flags:
     )
 
 
-def keys(replica: Replica) -> tuple[tuple[str, ServiceClass], ...]:
-    """The (kind, class) of each flag `flags` returns ("" where the kind has none)."""
-    return _SINGLE_KEYS if replica.kind is EndpointKind.SINGLE_PASS else _GENERATIVE_KEYS
+def lookup(room: Room, key: RoomKey) -> int:
+    """The mask of the room set `key`: (kind, model, class)."""
+    kind, model, cls = key
+    masks = room.get(model)
+    return 0 if masks is None else masks[_SLOT[kind, cls]]
 
 
-def moved(
-    room: immutables.Map[RoomKey, frozenset[str]], old: Replica, new: Replica
-) -> tuple[immutables.Map[RoomKey, frozenset[str]], bool]:
+def ids(replica_ids: tuple[str, ...], mask: int) -> list[str]:
+    """The ids of the replicas in `mask`, by position."""
+    out: list[str] = []
+    while mask:
+        low = mask & -mask
+        out.append(replica_ids[low.bit_length() - 1])
+        mask ^= low
+    return out
+
+
+def moved(room: Room, old: Replica, new: Replica) -> tuple[Room, bool]:
     """`room` with replica `new` counted where `old` was; whether it gained room anywhere."""
     before, after = flags(old), flags(new)
     if before == after:
         return room, False
-    rid = new.id
-    for (kind, cls), was, now in zip(keys(new), before, after, strict=True):
-        if was != now and kind:
-            for model in new.models:
-                key = (kind, model, cls)
-                ids = room.get(key, _NO_IDS)
-                room = room.set(key, ids | {rid} if now else ids - {rid})
+    bit = 1 << new.index
+    slots = _SINGLE_SLOTS if new.kind is EndpointKind.SINGLE_PASS else _GENERATIVE_SLOTS
+    for model in new.models:
+        masks = list(room.get(model, _NO_MASKS))
+        for slot, was, now in zip(slots, before, after, strict=True):
+            if was != now and slot >= 0:
+                masks[slot] = masks[slot] | bit if now else masks[slot] & ~bit
+        if any(masks):
+            room = room.set(model, tuple(masks))
+        elif model in room:
+            room = room.delete(model)
     return room, any(now and not was for was, now in zip(before, after, strict=True))
 
 
-def build(replicas: Iterable[Replica]) -> immutables.Map[RoomKey, frozenset[str]]:
+def build(replicas: Iterable[Replica]) -> Room:
     """The room sets of `replicas`, from them alone."""
-    room: dict[RoomKey, set[str]] = {}
+    room: dict[str, list[int]] = {}
     for replica in replicas:
-        for (kind, cls), fits in zip(keys(replica), flags(replica), strict=True):
-            if fits and kind:
+        slots = _SINGLE_SLOTS if replica.kind is EndpointKind.SINGLE_PASS else _GENERATIVE_SLOTS
+        for slot, fits in zip(slots, flags(replica), strict=True):
+            if fits and slot >= 0:
                 for model in replica.models:
-                    room.setdefault((kind, model, cls), set()).add(replica.id)
-    return immutables.Map({key: frozenset(ids) for key, ids in room.items()})
+                    room.setdefault(model, [0] * 6)[slot] |= 1 << replica.index
+    return immutables.Map({m: tuple(masks) for m, masks in room.items() if any(masks)})

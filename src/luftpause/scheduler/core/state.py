@@ -53,7 +53,6 @@ from luftpause.scheduler.core.windows import Window
 _EMPTY: immutables.Map[Any, Any] = immutables.Map()
 _NO_SIZES = Sizes()
 _RULES = Rules()
-_NO_ROOM: frozenset[str] = frozenset()
 
 RoomKey = rooms.RoomKey
 QueueKey = tuple[Bucket, ServiceClass, str]
@@ -66,7 +65,9 @@ class State:
 
     # --- facts ---
     replicas: immutables.Map[str, Replica] = _EMPTY
-    # model -> replica ids serving it (generative and single-pass apart), fixed by config.
+    # The replica ids by `Replica.index`, and model -> replica ids serving it (generative and
+    # single-pass apart), fixed by config.
+    replica_ids: tuple[str, ...] = ()
     generative_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
     single_pass_by_model: immutables.Map[str, tuple[str, ...]] = _EMPTY
     runs: immutables.Map[str, Run] = _EMPTY
@@ -109,15 +110,20 @@ class State:
     # Step of RESIDENCY_STEP_S -> chain of runs whose residency may end then.
     residency_checks: immutables.Map[int, Chain] = _EMPTY
     residency_cursor: int = -1
-    # (kind, model, class) -> healthy replicas serving the model with room for the class: kind
-    # "m" where a new run may start too (the KV rule), "o" any, "s" single-pass.
-    room: immutables.Map[RoomKey, frozenset[str]] = _EMPTY
+    # model -> the masks of the healthy replicas serving it with room for each class (`room`):
+    # kind "m" where a new run may start too (the KV rule), "o" any, "s" single-pass.
+    room: rooms.Room = _EMPTY
     # Bumped whenever the set of open replicas (`room.is_open`) may have changed; the shell
     # publishes the new set to the dataplanes when it sees a new value.
     open_version: int = 0
 
-    def room_for(self, key: RoomKey) -> frozenset[str]:
-        return self.room.get(key, _NO_ROOM)
+    def room_for(self, key: RoomKey) -> int:
+        """The room set `key`, (kind, model, class), as a mask of replica positions."""
+        return rooms.lookup(self.room, key)
+
+    def room_ids(self, mask: int) -> list[str]:
+        """The ids of the replicas in `mask`, by position."""
+        return rooms.ids(self.replica_ids, mask)
 
 
 class Draft:
@@ -135,6 +141,7 @@ class Draft:
 
     # The fields of `State`, as documented there.
     replicas: immutables.Map[str, Replica]
+    replica_ids: tuple[str, ...]
     generative_by_model: immutables.Map[str, tuple[str, ...]]
     single_pass_by_model: immutables.Map[str, tuple[str, ...]]
     runs: immutables.Map[str, Run]
@@ -164,7 +171,7 @@ class Draft:
     run_check_cursor: int
     residency_checks: immutables.Map[int, Chain]
     residency_cursor: int
-    room: immutables.Map[RoomKey, frozenset[str]]
+    room: rooms.Room
     open_version: int
     opened: list[str]
     stale: dict[str, Replica]
@@ -174,10 +181,15 @@ class Draft:
         self.opened = []
         self.stale = {}
 
-    def room_for(self, key: RoomKey) -> frozenset[str]:
+    def room_for(self, key: RoomKey) -> int:
+        """The room set `key`, (kind, model, class), as a mask of replica positions."""
         if self.stale:
             self.settle()
-        return self.room.get(key, _NO_ROOM)
+        return rooms.lookup(self.room, key)
+
+    def room_ids(self, mask: int) -> list[str]:
+        """The ids of the replicas in `mask`, by position."""
+        return rooms.ids(self.replica_ids, mask)
 
     def settle(self) -> None:
         """Bring the room sets and the open version up to date with the replicas stored since
