@@ -384,14 +384,14 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     pending = list(dict.fromkeys(buckets))
     interactive = True  # an interactive head may still fit
     while d.held:
-        best = queues.best_head(d, pending, ServiceClass.INTERACTIVE) if interactive else None
+        best, best_batch = queues.best_heads(d, pending, interactive)
         if best is None:
             interactive = False
-            best = queues.best_head(d, pending, ServiceClass.BATCH)
+            best = best_batch
             if best is None:
                 break
         elif shares.past_share(d, d.held[best].model, at):
-            best = _past_share(d, pending, at) or best
+            best = _past_share(d, pending, at, best_batch) or best
         turn = d.held[best]
         replica = choose_replica(d, turn)
         if replica is None:  # cannot happen while bucket_fits holds; never loop on it
@@ -409,12 +409,13 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     return actions
 
 
-def _past_share(d: Draft, pending: list[Bucket], at: float) -> str | None:
+def _past_share(d: Draft, pending: list[Bucket], at: float, best_batch: str | None) -> str | None:
     """When the best interactive head is of a model past its class's share: the best
-    interactive head of a model within it, else the best batch head (None: neither fits)."""
+    interactive head of a model within it, else the best batch head `best_batch` (None:
+    neither fits)."""
     within = [b for b in pending if not shares.past_share(d, b[2], at)]
     best = queues.best_head(d, within, ServiceClass.INTERACTIVE) if within else None
-    return best or queues.best_head(d, pending, ServiceClass.BATCH)
+    return best or best_batch
 
 
 # --- turn ends and stamps ------------------------------------------------------------------

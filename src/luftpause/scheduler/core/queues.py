@@ -20,6 +20,7 @@ from luftpause.scheduler.core.placement import bucket_fits, waits_for_home
 from luftpause.scheduler.core.state import Draft, View
 
 _NONE: immutables.Map[str, tuple[int, str]] = immutables.Map()
+_INTERACTIVE, _BATCH = ServiceClass.INTERACTIVE, ServiceClass.BATCH
 
 
 def bucket_of(
@@ -47,7 +48,10 @@ def buckets_for_replica(view: View, replica_id: str) -> list[Bucket]:
     out: list[Bucket] = []
     for model in replica.models:
         out += [("r", replica_id, model), ("m", "", model), ("o", "", model)]
-        for rid in view.generative_by_model.get(model, ()):
+        serving = view.generative_by_model.get(model, ())
+        if len(serving) == view.healthy_count(model):
+            continue  # every replica of the model is healthy
+        for rid in serving:
             if rid != replica_id and not view.replicas[rid].healthy:
                 out.append(("r", rid, model))  # its pinned runs are free to move here
     return out
@@ -69,6 +73,31 @@ def best_head(view: View, buckets: list[Bucket], cls: ServiceClass) -> str | Non
             if best is None or n < best_n or (n == best_n and seq < best_seq):
                 best, best_n, best_seq = tid, n, seq
     return best
+
+
+def best_heads(
+    view: View, buckets: list[Bucket], interactive: bool
+) -> tuple[str | None, str | None]:
+    """`best_head` of interactive turns (None without looking, unless `interactive`) and of
+    batch turns, in one pass over `buckets`."""
+    best_i = best_b = None
+    n_i = seq_i = n_b = seq_b = 0
+    in_flight = view.caller_in_flight
+    all_heads = view.heads
+    for bucket in buckets:
+        heads = all_heads.get((bucket, _INTERACTIVE)) if interactive else None
+        if heads is not None and bucket_fits(view, bucket, _INTERACTIVE):
+            for caller, (seq, tid) in heads.items():
+                n = in_flight.get(caller, 0)
+                if best_i is None or n < n_i or (n == n_i and seq < seq_i):
+                    best_i, n_i, seq_i = tid, n, seq
+        heads = all_heads.get((bucket, _BATCH))
+        if heads is not None and bucket_fits(view, bucket, _BATCH):
+            for caller, (seq, tid) in heads.items():
+                n = in_flight.get(caller, 0)
+                if best_b is None or n < n_b or (n == n_b and seq < seq_b):
+                    best_b, n_b, seq_b = tid, n, seq
+    return best_i, best_b
 
 
 def add(d: Draft, turn: HeldTurn) -> None:

@@ -10,9 +10,9 @@ change a replica several times); `build` makes them from the replicas alone.
 
 A set is a bit mask over the replicas' positions in the configuration (`Replica.index`;
 `State.replica_ids` maps a position back to its id), and the six sets of a model, (kind, class)
-for "m", "o" and "s", are one tuple under the model: a replica gaining or losing room changes
-one map entry per model it serves, not one set per flag. A model whose sets are all empty has
-no entry.
+for "m", "o" and "s", are one tuple under the model, with a seventh mask, the healthy generative
+replicas serving it (`healthy_count`): a replica gaining or losing room changes one map entry per
+model it serves, not one set per flag. A model whose masks are all empty has no entry.
 
 An *open* replica (`is_open`) has room for every turn: a dataplane may place turns there itself.
 """
@@ -28,12 +28,13 @@ from luftpause.scheduler.core.model import Replica, ServiceClass
 
 RoomKey = tuple[str, str, ServiceClass]
 Flags = tuple[bool, bool, bool, bool]
-Masks = tuple[int, ...]  # six: (kind, class) by `_SLOT`
+Masks = tuple[int, ...]  # (kind, class) by `_SLOT`, then the healthy generative replicas
 Room = immutables.Map[str, Masks]
 
 _I, _B = ServiceClass.INTERACTIVE, ServiceClass.BATCH
 _NONE: Flags = (False, False, False, False)
-_NO_MASKS: Masks = (0, 0, 0, 0, 0, 0)
+_NO_MASKS: Masks = (0, 0, 0, 0, 0, 0, 0)
+_HEALTHY = 6
 # Where each (kind, class) sits in a model's masks, and where each flag of `flags` goes (-1:
 # a flag the kind does not have).
 _SLOT = {("m", _I): 0, ("m", _B): 1, ("o", _I): 2, ("o", _B): 3, ("s", _I): 4, ("s", _B): 5}
@@ -90,6 +91,12 @@ def lookup(room: Room, key: RoomKey) -> int:
     return 0 if masks is None else masks[_SLOT[kind, cls]]
 
 
+def healthy_count(room: Room, model: str) -> int:
+    """How many generative replicas serving `model` are healthy."""
+    masks = room.get(model)
+    return 0 if masks is None else masks[_HEALTHY].bit_count()
+
+
 def ids(replica_ids: tuple[str, ...], mask: int) -> list[str]:
     """The ids of the replicas in `mask`, by position."""
     out: list[str] = []
@@ -103,29 +110,50 @@ def ids(replica_ids: tuple[str, ...], mask: int) -> list[str]:
 def moved(room: Room, old: Replica, new: Replica) -> tuple[Room, bool]:
     """`room` with replica `new` counted where `old` was; whether it gained room anywhere."""
     before, after = flags(old), flags(new)
-    if before == after:
+    health = new.healthy if new.healthy != old.healthy else None
+    if before == after and health is None:
         return room, False
-    bit = 1 << new.index
-    slots = _SINGLE_SLOTS if new.kind is EndpointKind.SINGLE_PASS else _GENERATIVE_SLOTS
+    bit, keep = 1 << new.index, ~(1 << new.index)
+    single = new.kind is EndpointKind.SINGLE_PASS
+    f0, f1, f2, f3 = after
     for model in new.models:
-        masks = list(room.get(model, _NO_MASKS))
-        for slot, was, now in zip(slots, before, after, strict=True):
-            if was != now and slot >= 0:
-                masks[slot] = masks[slot] | bit if now else masks[slot] & ~bit
+        m = room.get(model, _NO_MASKS)
+        if single:
+            masks = (
+                *m[:4],
+                m[4] | bit if f0 else m[4] & keep,
+                m[5] | bit if f1 else m[5] & keep,
+                m[6],
+            )
+        else:
+            masks = (
+                m[0] | bit if f0 else m[0] & keep,
+                m[1] | bit if f1 else m[1] & keep,
+                m[2] | bit if f2 else m[2] & keep,
+                m[3] | bit if f3 else m[3] & keep,
+                m[4],
+                m[5],
+                m[6] if health is None else m[6] | bit if health else m[6] & keep,
+            )
         if any(masks):
-            room = room.set(model, tuple(masks))
+            room = room.set(model, masks)
         elif model in room:
             room = room.delete(model)
-    return room, any(now and not was for was, now in zip(before, after, strict=True))
+    return room, (f0 > before[0]) or (f1 > before[1]) or (f2 > before[2]) or (f3 > before[3])
 
 
 def build(replicas: Iterable[Replica]) -> Room:
     """The room sets of `replicas`, from them alone."""
     room: dict[str, list[int]] = {}
     for replica in replicas:
-        slots = _SINGLE_SLOTS if replica.kind is EndpointKind.SINGLE_PASS else _GENERATIVE_SLOTS
-        for slot, fits in zip(slots, flags(replica), strict=True):
-            if fits and slot >= 0:
-                for model in replica.models:
-                    room.setdefault(model, [0] * 6)[slot] |= 1 << replica.index
+        single = replica.kind is EndpointKind.SINGLE_PASS
+        slots = _SINGLE_SLOTS if single else _GENERATIVE_SLOTS
+        bit = 1 << replica.index
+        for model in replica.models:
+            masks = room.setdefault(model, [0] * len(_NO_MASKS))
+            for slot, fits in zip(slots, flags(replica), strict=True):
+                if fits and slot >= 0:
+                    masks[slot] |= bit
+            if replica.healthy and not single:
+                masks[_HEALTHY] |= bit
     return immutables.Map({m: tuple(masks) for m, masks in room.items() if any(masks)})

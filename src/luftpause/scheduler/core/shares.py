@@ -51,9 +51,16 @@ def held(d: Draft, turn: HeldTurn, delta: int) -> None:
         _count(d, d.shares.get(turn.model, _NONE), turn, "held", delta)
 
 
+_FIELD = {
+    (cls, what): f"{cls}_{what}"  # e.g. interactive_held
+    for cls in (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
+    for what in ("in_flight", "held")
+}
+
+
 def _count(d: Draft, share: ClassShare, turn: Turn | HeldTurn, what: str, delta: int) -> None:
-    name = f"{turn.service_class}_{what}"  # e.g. interactive_held
-    d.shares = d.shares.set(turn.model, evolve(share, **{name: getattr(share, name) + delta}))
+    name = _FIELD[turn.service_class, what]
+    d.shares = d.shares.set(turn.model, evolve(share, **{name: share.__dict__[name] + delta}))
 
 
 def past_share(view: View, model: str, at: float) -> bool:

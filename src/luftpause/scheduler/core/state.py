@@ -125,6 +125,10 @@ class State:
         """The ids of the replicas in `mask`, by position."""
         return rooms.ids(self.replica_ids, mask)
 
+    def healthy_count(self, model: str) -> int:
+        """How many generative replicas serving `model` are healthy."""
+        return rooms.healthy_count(self.room, model)
+
 
 class Draft:
     """The state one `decide()` call works on: the same fields as `State`, each settable.
@@ -190,6 +194,12 @@ class Draft:
     def room_ids(self, mask: int) -> list[str]:
         """The ids of the replicas in `mask`, by position."""
         return rooms.ids(self.replica_ids, mask)
+
+    def healthy_count(self, model: str) -> int:
+        """How many generative replicas serving `model` are healthy."""
+        if self.stale:
+            self.settle()
+        return rooms.healthy_count(self.room, model)
 
     def settle(self) -> None:
         """Bring the room sets and the open version up to date with the replicas stored since
