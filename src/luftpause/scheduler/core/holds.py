@@ -47,7 +47,7 @@ def soft_wait_s(view: View, run: Run) -> float:
 def release_waits(d: Draft, at: float) -> list[Bucket]:
     """Release the held turns whose bounded wait ran out; return the buckets they went to."""
     moved: list[Bucket] = []
-    for held in list(d.held.values()):
+    for held in d.held.values():  # the held turns as the tick found them (the map is immutable)
         kind = held.bucket[0]
         if kind == "r":
             moved += _soft_wait(d, held, at)
