@@ -27,11 +27,13 @@ import aiohttp
 from luftpause.scheduler.engine_load import parse_load
 
 _LAG = "luftpause_sim_lag_seconds"
-# (prompt tokens, prompt tokens from cache) counters, the first pair an engine has wins.
+# (prompt tokens, prompt tokens from cache, whether the first counts the cached ones too)
+# counters; the first pair an engine has wins. llama.cpp's prompt counter is of the tokens it
+# computed, "excluding cached tokens" (its /metrics HELP line): its prompt is the sum of both.
 _PROMPT_COUNTERS = (
-    ("luftpause_sim_prompt_tokens_total", "luftpause_sim_cached_tokens_total"),
-    ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"),
-    ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"),
+    ("luftpause_sim_prompt_tokens_total", "luftpause_sim_cached_tokens_total", True),
+    ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", True),
+    ("llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total", False),
 )
 
 
@@ -71,9 +73,10 @@ class _Series:
                 self.kv_share.append(load.kv_used / load.kv_total)
         if _LAG in values:
             self.lag.append(values[_LAG])
-        for prompt, cached in _PROMPT_COUNTERS:
+        for prompt, cached, whole in _PROMPT_COUNTERS:
             if prompt in values and cached in values:
-                pair = (values[prompt], values[cached])
+                read = values[prompt] + (0.0 if whole else values[cached])
+                pair = (read, values[cached])
                 self.first = self.first or pair
                 self.last = pair
                 break

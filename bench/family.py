@@ -114,6 +114,20 @@ def behind(r: dict[str, float | None]) -> bool:
     return b < BEHIND_BATCH or (b < 1.0 and i < 1.0)
 
 
+def behind_beyond_noise(r: dict[str, float | None], se: dict[str, float | None]) -> bool:
+    """Behind (see `behind`) by more than chance over the seeds explains: every shortfall
+    that makes it behind is more than twice its standard error (`seed_error`)."""
+    if not behind(r):
+        return False
+    i, b = r["interactive"], r["batch"]
+    si, sb = se.get("interactive"), se.get("batch")
+    if b is None or i is None or si is None or sb is None:
+        return True
+    if b < BEHIND_BATCH - 2 * sb:
+        return True
+    return b < 1.0 - 2 * sb and i < 1.0 - 2 * si
+
+
 def summarise(models: list[dict[str, Any]], key: str = "ratio") -> dict[str, Any]:
     """The distribution of the ratios (`key`: by runs, or `ratio_turns`: by turns answered),
     the models behind, and the worst one."""
@@ -139,13 +153,21 @@ def summarise(models: list[dict[str, Any]], key: str = "ratio") -> dict[str, Any
 
     lagging = [m["name"] for m in rows if behind(m[key])]
     worst = min(rows, key=lambda m: (m[key]["batch"], m[key]["interactive"] or 0.0))
-    return {
+    out: dict[str, Any] = {
         "models": len(rows),
         "interactive": spread("interactive"),
         "batch": spread("batch"),
         "behind": lagging,
-        "worst": worst["name"] if rows else None,
+        "worst": worst["name"],
     }
+    if key == "ratio" and all("ratio_se" in m for m in rows):
+        # Pooled over seeds: of those behind, the ones chance over the seeds does not explain.
+        out["behind_beyond_noise"] = [
+            m["name"]
+            for m in rows
+            if m["name"] in lagging and behind_beyond_noise(m[key], m["ratio_se"])
+        ]
+    return out
 
 
 def table(models: list[dict[str, Any]]) -> str:
@@ -171,6 +193,9 @@ def table(models: list[dict[str, Any]]) -> str:
             )
         r = m["ratio"]
         flag = " (behind)" if behind(r) else ""
+        se = m.get("ratio_se") or {}
+        if se.get("interactive") is not None and se.get("batch") is not None:
+            flag = f" ± {se['interactive']} / {se['batch']}{flag}"
         lines.append(
             f"| {m['name']} | {engine} | {m['style']} | {cells[0]} | {cells[1]} | "
             f"{r['interactive']} / {r['batch']}{flag} |"
@@ -285,6 +310,7 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "arms": arms,
             "ratio": ratios(arms),
             "ratio_turns": ratios(arms, "turns_per_min"),
+            "ratio_se": seed_error([m["ratio"] for m in rows]),
             "by_seed": {
                 str(seed): {"ratio": m["ratio"], "ratio_turns": m.get("ratio_turns")}
                 for seed, m in zip(seeds, rows, strict=True)
@@ -304,6 +330,17 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "table": table(models),
     }
+
+
+def seed_error(per_seed: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Per class, the standard error of a model's ratio over the seeds (their standard
+    deviation over the square root of their count; None with fewer than two): how far the
+    mean over seeds can move by chance, the yardstick for a model a hair behind."""
+    out: dict[str, float | None] = {}
+    for cls in ("interactive", "batch"):
+        vals = [v for r in per_seed if (v := r.get(cls)) is not None]
+        out[cls] = round(statistics.stdev(vals) / len(vals) ** 0.5, 3) if len(vals) > 1 else None
+    return out
 
 
 def pool_files(names: list[str], out: str) -> dict[str, Any]:

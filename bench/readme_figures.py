@@ -104,14 +104,20 @@ def ratelimit_row(label: str, scenario: str) -> Callable[[dict[str, Any]], str]:
 
 def family_line(data: dict[str, Any]) -> str:
     """The family's distribution of luftpause / cache_aware, batch then interactive runs/min,
-    and the models behind on both classes with their ratios."""
+    and the models behind on both classes with their ratios (and their standard errors over
+    the seeds, where pooled)."""
     s = data["summary"]
     b, i = s["batch"], s["interactive"]
-    ratios = {m["name"]: m["ratio"] for m in data["models"]}
-    behind = ", ".join(
-        f"{name} {ratios[name]['interactive']:.3f}x / {ratios[name]['batch']:.3f}x"
-        for name in s["behind"]
-    )
+    models = {m["name"]: m for m in data["models"]}
+
+    def named(name: str) -> str:
+        r, se = models[name]["ratio"], models[name].get("ratio_se")
+        text = f"{name} {r['interactive']:.3f}x / {r['batch']:.3f}x"
+        if se and se["interactive"] is not None and se["batch"] is not None:
+            text += f" (± {se['interactive']:.3f} / {se['batch']:.3f})"
+        return text
+
+    behind = ", ".join(named(name) for name in s["behind"])
     return (
         f"batch at a median of {b['median']:.2f}x (worst {b['min']:.2f}x, 10th percentile "
         f"{b['p10']:.2f}x), interactive {i['median']:.2f}x (90th percentile {i['p90']:.2f}x, "
@@ -131,6 +137,11 @@ FIGURES: list[Figure] = [
         "matrix, llama.cpp plain messages",
         "matrix_real_settle_text.json",
         matrix_row("llama.cpp, tool results as plain messages", "real-text"),
+    ),
+    Figure(
+        "matrix, llama.cpp tool calls",
+        "matrix_real_settle_openai.json",
+        matrix_row("llama.cpp, tool calls", "real-openai"),
     ),
     Figure(
         "matrix, llama.cpp plain messages: the medians",

@@ -104,6 +104,9 @@ def test_pooling_seeds_averages_each_arm_and_keeps_every_seeds_own_ratio() -> No
     assert m["by_seed"]["1"]["ratio"] == {"interactive": 0.9, "batch": 0.99}
     assert out["summary_by_seed"]["1"]["behind"] == ["m"] and out["summary"]["behind"] == []
     assert out["seeds"] == [1, 2]
+    # Seed ratios 0.9 and 1.1 interactive: standard deviation 0.1414, over the root of 2.
+    assert m["ratio_se"] == {"interactive": 0.1, "batch": 0.01}
+    assert "1.0 / 1.0 ± 0.1 / 0.01 |" in out["table"]
 
 
 def test_pooling_refuses_runs_of_different_draws() -> None:
@@ -128,3 +131,35 @@ def test_a_style_seed_keeps_the_first_draws_styles_at_another_workload_seed() ->
     first = chosen_models(argparse.Namespace(**base, seed=1))
     again = chosen_models(argparse.Namespace(**base, seed=2, style_seed=1))
     assert [(m.name, st) for m, st in first] == [(m.name, st) for m, st in again]
+
+
+def test_a_model_behind_by_less_than_twice_its_seed_error_is_behind_but_within_noise() -> None:
+    from bench.family import behind_beyond_noise
+
+    hair: dict[str, float | None] = {"interactive": 0.985, "batch": 0.994}
+    assert behind(hair)
+    assert not behind_beyond_noise(hair, {"interactive": 0.01, "batch": 0.005})
+    assert behind_beyond_noise(hair, {"interactive": 0.005, "batch": 0.002})
+    # Short on batch by more than a tenth counts whatever the interactive ratio does.
+    assert behind_beyond_noise(
+        {"interactive": 1.5, "batch": 0.85}, {"interactive": 0.1, "batch": 0.01}
+    )
+    assert not behind_beyond_noise(
+        {"interactive": 1.5, "batch": 0.89}, {"interactive": 0.1, "batch": 0.01}
+    )
+    assert not behind_beyond_noise(
+        {"interactive": 1.01, "batch": 0.99}, {"interactive": 0.0, "batch": 0.0}
+    )
+
+
+def test_a_pooled_summary_names_the_models_behind_beyond_noise() -> None:
+    from bench.family import pooled
+
+    runs = [
+        run_at(1, [model("m", (9.9, 99.0), (10.0, 100.0)), model("n", (9.0, 90.0), (10.0, 100.0))]),
+        run_at(
+            2, [model("m", (9.5, 100.0), (10.0, 100.0)), model("n", (9.1, 91.0), (10.0, 100.0))]
+        ),
+    ]
+    summary = pooled(runs)["summary"]
+    assert summary["behind"] == ["m", "n"] and summary["behind_beyond_noise"] == ["n"]
