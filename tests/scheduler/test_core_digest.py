@@ -180,3 +180,66 @@ def test_a_seeded_stream_with_headroom_and_no_share_gives_the_recorded_decisions
     digest, places, most_held = _digest(rules, runs=120, steps=3_000, seed=12)
     assert places > 2_500 and most_held > 60
     assert digest == "da74ff90d9924aa6179bedd2f58cf1ebcc443ad7be75119edb2b9ecc79f9ee1a"
+
+
+def _closed_loop_digest(runs: int, steps: int, seed: int) -> tuple[str, int, int]:
+    """The benchmark's stream (`bench.scheduler_core`), smaller: 8 engines capped at 12 turns,
+    16 callers, every run always with one turn admitted; the oldest turn in flight finishes
+    (half in tool calls) and its run's next turn arrives; every 200 steps the engines are
+    probed and the clock ticks. Held turns wait in every bucket with a head per caller and
+    class, so each freed slot compares sixteen callers' heads. The digest of every action, and
+    the places and the most turns held at once."""
+    endpoints = [
+        Endpoint(id=f"r{i}", url=f"http://r{i}:1", models=frozenset({"m"})) for i in range(8)
+    ]
+    state: State = initial_state(endpoints)
+    rng = random.Random(seed)
+    h = hashlib.sha256()
+    in_flight: deque[str] = deque()
+    run_of: dict[str, str] = {}
+    places = most_held = 0
+    at = 1.0
+
+    def apply(ev: Event) -> None:
+        nonlocal state, places, most_held
+        state, actions = decide(state, ev)
+        placed = [a.turn_id for a in actions if isinstance(a, Place)]
+        in_flight.extend(placed)
+        places += len(placed)
+        most_held = max(most_held, len(state.held))
+        h.update(repr(actions).encode())
+
+    def probes(k: int) -> None:
+        for i in range(8):
+            apply(
+                ProbeResult(at=at, replica_id=f"r{i}", healthy=True, running=12, waiting=1 + k % 3)
+            )
+
+    def admit(run: str, k: int) -> None:
+        tid = f"t{k}-{run}"
+        run_of[tid] = run
+        n = int(run[3:])
+        cls = ServiceClass.INTERACTIVE if n % 4 == 0 else ServiceClass.BATCH
+        apply(
+            Admit(at=at, turn_id=tid, run_id=run, model="m", service_class=cls, caller=f"c{n % 16}")
+        )
+
+    probes(0)
+    for r in range(runs):
+        admit(f"run{r}", 0)
+    for k in range(1, steps + 1):
+        tid = in_flight.popleft()
+        at += 0.001
+        apply(TurnFinished(at=at, turn_id=tid, tool_calls=rng.random() < 0.5))
+        admit(run_of.pop(tid), k)
+        if k % 200 == 0:
+            probes(k)
+            apply(Tick(at=at))
+    h.update(repr(sorted((t.id, t.bucket) for t in state.held.values())).encode())
+    return h.hexdigest(), places, most_held
+
+
+def test_the_benchmarks_closed_loop_stream_gives_the_recorded_decisions() -> None:
+    digest, places, most_held = _closed_loop_digest(runs=1_000, steps=4_000, seed=3)
+    assert places > 4_000 and most_held > 800  # every freed slot drained a held turn
+    assert digest == "594869022751f7ece85be61b3e3dcc7aa950818c7effe92d14e10ba137b9476c"

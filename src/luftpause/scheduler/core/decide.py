@@ -62,6 +62,7 @@ from luftpause.scheduler.core.model import (
     Replica,
     Rules,
     ServiceClass,
+    build,
     evolve,
     limit_of,
 )
@@ -253,7 +254,8 @@ def _placed_by_dataplane(d: Draft, ev: Admit) -> Applied:
 
 
 def _held(d: Draft, ev: Admit, bucket: Bucket) -> HeldTurn:
-    return HeldTurn(
+    return build(
+        HeldTurn,
         id=ev.turn_id,
         run_id=ev.run_id,
         model=ev.model,

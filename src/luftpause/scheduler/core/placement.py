@@ -77,6 +77,22 @@ def set_replica(d: Draft, new: Replica) -> None:
     d.replicas = d.replicas.set(rid, new)
 
 
+def update_replica(d: Draft, replica: Replica, **changes: object) -> Replica:
+    """Store `replica` with `changes` and return it as stored. A replica this step already
+    stored since the room sets last looked (`Draft.stale` keeps the one they saw) is the
+    step's own copy and changes in place; any other is copied once (`set_replica`). So a freed
+    slot, or a placed turn, copies its replica once for its counters, residency and slots. The
+    caller must not read `replica` afterwards expecting the old values."""
+    rid = replica.id
+    seen = d.stale.get(rid)
+    if seen is not None and seen is not replica and d.replicas.get(rid) is replica:
+        replica.__dict__.update(changes)
+        return replica
+    new = evolve(replica, **changes)
+    set_replica(d, new)
+    return new
+
+
 def mark_read(d: Draft, replica_id: str) -> None:
     """`replica_id` is no longer unread (`Replica.unread`): its cap and slots bound it again,
     and its held turns may go."""

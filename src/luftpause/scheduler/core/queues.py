@@ -12,6 +12,8 @@ arrival order in O(queue length).
 
 from __future__ import annotations
 
+from itertools import repeat
+
 import immutables
 
 from luftpause.scheduler.core import shares
@@ -60,19 +62,14 @@ def buckets_for_replica(view: View, replica_id: str) -> list[Bucket]:
 def best_head(view: View, buckets: list[Bucket], cls: ServiceClass) -> str | None:
     """The held turn of `cls` a drain places next from `buckets`: of the queue heads in the
     buckets that fit, the one whose caller has the fewest turns in flight, then the oldest."""
-    best: str | None = None
-    best_n = best_seq = 0
-    in_flight = view.caller_in_flight
-    all_heads = view.heads
+    best: _Ranked | None = None
     for bucket in buckets:
-        heads = all_heads.get((bucket, cls))
-        if heads is None or not bucket_fits(view, bucket, cls):
-            continue
-        for caller, (seq, tid) in heads.items():
-            n = in_flight.get(caller, 0)
-            if best is None or n < best_n or (n == best_n and seq < best_seq):
-                best, best_n, best_seq = tid, n, seq
-    return best
+        heads = view.heads.get((bucket, cls))
+        if heads and bucket_fits(view, bucket, cls):
+            first = _first(heads, view.caller_in_flight)
+            if best is None or first < best:
+                best = first
+    return None if best is None else best[1][1]
 
 
 def best_heads(
@@ -80,24 +77,38 @@ def best_heads(
 ) -> tuple[str | None, str | None]:
     """`best_head` of interactive turns (None without looking, unless `interactive`) and of
     batch turns, in one pass over `buckets`."""
-    best_i = best_b = None
-    n_i = seq_i = n_b = seq_b = 0
+    best_i: _Ranked | None = None
+    best_b: _Ranked | None = None
     in_flight = view.caller_in_flight
     all_heads = view.heads
     for bucket in buckets:
         heads = all_heads.get((bucket, _INTERACTIVE)) if interactive else None
-        if heads is not None and bucket_fits(view, bucket, _INTERACTIVE):
-            for caller, (seq, tid) in heads.items():
-                n = in_flight.get(caller, 0)
-                if best_i is None or n < n_i or (n == n_i and seq < seq_i):
-                    best_i, n_i, seq_i = tid, n, seq
+        if heads and bucket_fits(view, bucket, _INTERACTIVE):
+            first = _first(heads, in_flight)
+            if best_i is None or first < best_i:
+                best_i = first
         heads = all_heads.get((bucket, _BATCH))
-        if heads is not None and bucket_fits(view, bucket, _BATCH):
-            for caller, (seq, tid) in heads.items():
-                n = in_flight.get(caller, 0)
-                if best_b is None or n < n_b or (n == n_b and seq < seq_b):
-                    best_b, n_b, seq_b = tid, n, seq
-    return best_i, best_b
+        if heads and bucket_fits(view, bucket, _BATCH):
+            first = _first(heads, in_flight)
+            if best_b is None or first < best_b:
+                best_b = first
+    return (
+        None if best_i is None else best_i[1][1],
+        None if best_b is None else best_b[1][1],
+    )
+
+
+_Ranked = tuple[int, tuple[int, str]]
+
+
+def _first(
+    heads: immutables.Map[str, tuple[int, str]], in_flight: immutables.Map[str, int]
+) -> _Ranked:
+    """The head of `heads` whose caller has the fewest turns in flight, then the oldest, as
+    (turns in flight, (seq, turn id)). Compared in C: each caller's count looked up by `map`,
+    paired by `zip`, the least pair found by `min` (no two heads share a seq, so the turn ids
+    never decide)."""
+    return min(zip(map(in_flight.get, heads.keys(), repeat(0)), heads.values(), strict=True))
 
 
 def add(d: Draft, turn: HeldTurn) -> None:

@@ -41,9 +41,8 @@ from luftpause.scheduler.core.model import (
     RESIDENCY_STEP_S,
     Replica,
     Run,
-    evolve,
 )
-from luftpause.scheduler.core.placement import set_replica
+from luftpause.scheduler.core.placement import update_replica
 from luftpause.scheduler.core.state import Draft, View
 
 
@@ -82,13 +81,13 @@ def _with_resident(d: Draft, replica: Replica, resident: int) -> None:
         replica.new_interactive_fits,
     ):
         return
-    updated = evolve(
+    update_replica(
+        d,
         replica,
         resident_tokens=resident,
         new_batch_fits=batch,
         new_interactive_fits=interactive,
     )
-    set_replica(d, updated)
 
 
 def refresh(d: Draft, replica_id: str) -> None:
@@ -112,8 +111,7 @@ def set_footprint(d: Draft, run: Run, tokens: int, until: float = 0.0) -> Run:
     elif tokens != run.footprint:
         _with_resident(d, replica, replica.resident_tokens - run.footprint + tokens)
     if (tokens, until) != (run.footprint, run.resident_until):
-        run = evolve(run, footprint=tokens, resident_until=until)
-        d.runs = d.runs.set(run.id, run)
+        run = d.change_run(run, footprint=tokens, resident_until=until)
     if tokens and until > 0:
         _schedule(d, run.id, until)
     return run

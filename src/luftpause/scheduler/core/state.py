@@ -28,7 +28,7 @@ each index equals its rebuild):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import immutables
 
@@ -46,6 +46,7 @@ from luftpause.scheduler.core.model import (
     Run,
     ServiceClass,
     Turn,
+    evolve,
 )
 from luftpause.scheduler.core.openings import OpeningIndex
 from luftpause.scheduler.core.windows import Window
@@ -53,6 +54,7 @@ from luftpause.scheduler.core.windows import Window
 _EMPTY: immutables.Map[Any, Any] = immutables.Map()
 _NO_SIZES = Sizes()
 _RULES = Rules()
+_T = TypeVar("_T")
 
 RoomKey = rooms.RoomKey
 QueueKey = tuple[Bucket, ServiceClass, str]
@@ -137,10 +139,14 @@ class Draft:
     the state's fields it collects `opened`: the replicas whose room for new runs opened during
     the call, whose held turns the call drains before it returns; and `stale`: the replicas
     stored since the room sets were last brought up to date, each as the room sets last saw
-    it (`settle`, which every read of the room sets and `freeze` do first). Both keep their
-    fields in an
-    instance `__dict__`, so making a draft and freezing it are one dict copy each (a decision
-    is a few dozen microseconds; copying 26 slots one by one was a tenth of it).
+    it (`settle`, which every read of the room sets and `freeze` do first); and `mine`: the
+    records this call made (`adopt`), which no state holds yet, so the call changes them in
+    place rather than copying them again (`change_run`, the shares; a replica stored since
+    the room sets last looked is the call's own copy too, `placement.update_replica`): a step
+    copies each run, replica and share it changes once, however many of its parts change it.
+    State and draft keep their fields in an instance `__dict__`, so making a draft and
+    freezing it are one dict copy each (a decision is a few dozen microseconds; copying 26
+    slots one by one was a tenth of it).
     """
 
     # The fields of `State`, as documented there.
@@ -179,11 +185,38 @@ class Draft:
     open_version: int
     opened: list[str]
     stale: dict[str, Replica]
+    mine: dict[int, object]
 
     def __init__(self, s: State) -> None:
-        self.__dict__.update(s.__dict__)
-        self.opened = []
-        self.stale = {}
+        fields = s.__dict__.copy()  # one table copy (see `model.evolve`)
+        fields["opened"] = []
+        fields["stale"] = {}
+        fields["mine"] = {}
+        self.__dict__ = fields
+
+    def owns(self, record: object) -> bool:
+        """Whether `record` was made by this draft (`adopt`): no state holds it, so the draft
+        may change it in place instead of copying it again."""
+        return self.mine.get(id(record)) is record
+
+    def adopt(self, record: _T) -> _T:
+        """Note `record` as made by this draft, to be changed in place from now on (it must be
+        new: no state, and no other record, holds it); returned as it is."""
+        self.mine[id(record)] = record
+        return record
+
+    def change_run(self, run: Run, **changes: Any) -> Run:
+        """Store `run` with `changes` and return it as stored: changed in place when it is the
+        run stored and this draft made it, else copied once (and the copy adopted), so a step
+        copies each run it changes once however often it changes it. The caller must not read
+        `run` afterwards expecting the old values: it may be the same record."""
+        if self.mine.get(id(run)) is run and self.runs.get(run.id) is run:
+            run.__dict__.update(changes)
+            return run
+        new = evolve(run, **changes)
+        self.mine[id(new)] = new
+        self.runs = self.runs.set(run.id, new)
+        return new
 
     def room_for(self, key: RoomKey) -> int:
         """The room set `key`, (kind, model, class), as a mask of replica positions."""
@@ -219,14 +252,17 @@ class Draft:
         self.stale.clear()
 
     def freeze(self) -> State:
-        """The state this draft now describes."""
+        """The state this draft now describes. Its records are the state's from now on: the
+        draft copies any it changes after this."""
         if self.stale:
             self.settle()
         state = object.__new__(State)
-        fields = state.__dict__
-        fields.update(self.__dict__)
+        fields = self.__dict__.copy()
         del fields["opened"]
         del fields["stale"]
+        del fields["mine"]
+        object.__setattr__(state, "__dict__", fields)
+        self.mine = {}
         return state
 
 
