@@ -77,6 +77,7 @@ from luftpause.scheduler.core.state import Draft, State
 Decision = tuple[State, tuple[Action, ...]]
 DEFAULT_RULES = Rules()
 Applied = tuple[list[Action], list[Bucket]]
+_INTERACTIVE, _BATCH = ServiceClass.INTERACTIVE, ServiceClass.BATCH
 
 
 def initial_state(
@@ -386,14 +387,16 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     pending = list(dict.fromkeys(buckets))
     interactive = True  # an interactive head may still fit
     while d.held:
-        best, best_batch = queues.best_heads(d, pending, interactive)
+        # The best batch head is looked for only when it may go: no interactive head fits,
+        # or interactive is past its share.
+        best = queues.best_head(d, pending, _INTERACTIVE) if interactive else None
         if best is None:
             interactive = False
-            best = best_batch
+            best = queues.best_head(d, pending, _BATCH)
             if best is None:
                 break
         elif shares.past_share(d, d.held[best].model, at):
-            best = _past_share(d, pending, at, best_batch) or best
+            best = _past_share(d, pending, at, queues.best_head(d, pending, _BATCH)) or best
         turn = d.held[best]
         replica = choose_replica(d, turn)
         if replica is None:  # cannot happen while bucket_fits holds; never loop on it

@@ -22,7 +22,6 @@ from luftpause.scheduler.core.placement import bucket_fits, waits_for_home
 from luftpause.scheduler.core.state import Draft, View
 
 _NONE: immutables.Map[str, tuple[int, str]] = immutables.Map()
-_INTERACTIVE, _BATCH = ServiceClass.INTERACTIVE, ServiceClass.BATCH
 
 
 def bucket_of(
@@ -70,32 +69,6 @@ def best_head(view: View, buckets: list[Bucket], cls: ServiceClass) -> str | Non
             if best is None or first < best:
                 best = first
     return None if best is None else best[1][1]
-
-
-def best_heads(
-    view: View, buckets: list[Bucket], interactive: bool
-) -> tuple[str | None, str | None]:
-    """`best_head` of interactive turns (None without looking, unless `interactive`) and of
-    batch turns, in one pass over `buckets`."""
-    best_i: _Ranked | None = None
-    best_b: _Ranked | None = None
-    in_flight = view.caller_in_flight
-    all_heads = view.heads
-    for bucket in buckets:
-        heads = all_heads.get((bucket, _INTERACTIVE)) if interactive else None
-        if heads and bucket_fits(view, bucket, _INTERACTIVE):
-            first = _first(heads, in_flight)
-            if best_i is None or first < best_i:
-                best_i = first
-        heads = all_heads.get((bucket, _BATCH))
-        if heads and bucket_fits(view, bucket, _BATCH):
-            first = _first(heads, in_flight)
-            if best_b is None or first < best_b:
-                best_b = first
-    return (
-        None if best_i is None else best_i[1][1],
-        None if best_b is None else best_b[1][1],
-    )
 
 
 _Ranked = tuple[int, tuple[int, str]]
