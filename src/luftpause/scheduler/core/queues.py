@@ -12,6 +12,7 @@ arrival order in O(queue length).
 
 from __future__ import annotations
 
+import math
 from itertools import repeat
 
 import immutables
@@ -130,6 +131,7 @@ def rebuild(d: Draft) -> None:
     d.queues = immutables.Map()
     d.heads = immutables.Map()
     d.held_by_run = immutables.Map()
+    d.new_held_since = math.inf
     for h in held:
         add(d, evolve(h, bucket=bucket_of(d, h.run_id, h.model, h.single_pass, h.overdue)))
     shares.rebuild(d)  # add() counted each held turn again on top of the old counts
@@ -139,6 +141,8 @@ def rebuild(d: Draft) -> None:
 
 
 def _push(d: Draft, turn: HeldTurn) -> None:
+    if turn.bucket[0] == "m" and turn.arrived_at < d.new_held_since:
+        d.new_held_since = turn.arrived_at
     key = (turn.bucket, turn.service_class, turn.caller)
     hkey = (turn.bucket, turn.service_class)
     callers = d.heads.get(hkey, _NONE)

@@ -39,6 +39,7 @@ from luftpause.scheduler.core.model import (
     KV_MARGIN_BATCH,
     KV_MARGIN_INTERACTIVE,
     RESIDENCY_STEP_S,
+    Phase,
     Replica,
     Run,
 )
@@ -158,16 +159,21 @@ def leave(d: Draft, run: Run) -> Run:
 
 
 def rebuild(d: Draft) -> None:
-    """Every replica's resident tokens and new-run flags, and the residency index, recomputed
-    from the runs."""
+    """Every replica's resident tokens and new-run flags, the residency index and the count of
+    idle resident runs (`State.idle_resident`, which `Draft.change_run` keeps), recomputed from
+    the runs."""
     totals: dict[str, int] = {}
+    idle = 0
     d.residency_checks = immutables.Map()
     d.residency_cursor = -1
     for run in d.runs.values():
+        if run.footprint and run.phase is Phase.IDLE:
+            idle += 1
         if run.footprint and run.replica:
             totals[run.replica] = totals.get(run.replica, 0) + run.footprint
             if run.resident_until > 0:
                 _schedule(d, run.id, run.resident_until)
+    d.idle_resident = idle
     for replica in list(d.replicas.values()):
         _with_resident(d, replica, totals.get(replica.id, 0))
 

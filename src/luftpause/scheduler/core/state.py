@@ -27,6 +27,7 @@ each index equals its rebuild):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,6 +42,7 @@ from luftpause.scheduler.core.model import (
     ClassShare,
     DataplaneLink,
     HeldTurn,
+    Phase,
     Replica,
     Rules,
     Run,
@@ -112,6 +114,13 @@ class State:
     # Step of RESIDENCY_STEP_S -> chain of runs whose residency may end then.
     residency_checks: immutables.Map[int, Chain] = _EMPTY
     residency_cursor: int = -1
+    # How many runs are idle and resident (`residency`): the runs whose held turns wait for their
+    # replica a bounded time (`holds`); with none, the tick has no soft wait to look at.
+    idle_resident: int = 0
+    # No turn held in an "m" bucket arrived before this (a bound, lowered as turns are queued
+    # there, made exact when the tick looks at them; `queues`): none waited NEW_RUN_MAX_HOLD_S
+    # while the clock is less than that past it.
+    new_held_since: float = math.inf
     # model -> the masks of the healthy replicas serving it with room for each class (`room`):
     # kind "m" where a new run may start too (the KV rule), "o" any, "s" single-pass.
     room: rooms.Room = _EMPTY
@@ -181,6 +190,8 @@ class Draft:
     run_check_cursor: int
     residency_checks: immutables.Map[int, Chain]
     residency_cursor: int
+    idle_resident: int
+    new_held_since: float
     room: rooms.Room
     open_version: int
     opened: list[str]
@@ -209,13 +220,20 @@ class Draft:
         """Store `run` with `changes` and return it as stored: changed in place when it is the
         run stored and this draft made it, else copied once (and the copy adopted), so a step
         copies each run it changes once however often it changes it. The caller must not read
-        `run` afterwards expecting the old values: it may be the same record."""
-        if self.mine.get(id(run)) is run and self.runs.get(run.id) is run:
+        `run` afterwards expecting the old values: it may be the same record. Keeps the count
+        of idle resident runs (`idle_resident`, whose owner is `residency`)."""
+        stored = self.runs.get(run.id)
+        was = stored is not None and stored.footprint > 0 and stored.phase is Phase.IDLE
+        if stored is run and self.mine.get(id(run)) is run:
             run.__dict__.update(changes)
-            return run
-        new = evolve(run, **changes)
-        self.mine[id(new)] = new
-        self.runs = self.runs.set(run.id, new)
+            new = run
+        else:
+            new = evolve(run, **changes)
+            self.mine[id(new)] = new
+            self.runs = self.runs.set(run.id, new)
+        now = new.footprint > 0 and new.phase is Phase.IDLE
+        if now != was:
+            self.idle_resident += 1 if now else -1
         return new
 
     def room_for(self, key: RoomKey) -> int:
