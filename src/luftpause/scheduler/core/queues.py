@@ -7,7 +7,8 @@ maps each caller with turns there to its oldest one, and is kept exact, so a dra
 without touching the queues. Entries behind the head that were placed, abandoned or moved stay in
 their queue until they reach its front (lazy deletion). A FIFO is two cons chains (front, reversed
 back): push and pop are O(1) amortised, and an older turn moved into a queue (rare) is inserted in
-arrival order in O(queue length).
+arrival order in O(queue length). `new_held_since` bounds when the turns held as new runs (in
+"m" buckets) arrived, so a tick knows without looking whether one has waited too long (`holds`).
 """
 
 from __future__ import annotations

@@ -16,9 +16,11 @@ each index equals its rebuild):
 
 - `counters`: per replica, the turns in flight (all, interactive), the busy slots and the
   interactive runs paused on a tool there; per caller and per run, the turns in flight;
-- `queues`: the held-turn queues, their heads, the held turns by run;
+- `queues`: the held-turn queues, their heads, the held turns by run; a time no turn held as
+  a new run arrived before (a bound);
 - `expiry`: the turn-timeout order, the runs' idle-expiry checks;
-- `residency`: per replica, the resident tokens and new-run flags; the residency checks;
+- `residency`: per replica, the resident tokens and new-run flags; the residency checks; the
+  count of idle resident runs (`Draft.change_run` keeps it);
 - `room` (`placement` stores replicas, `Draft.settle` brings the sets up to date): the replicas
   with room per (kind, model, class); the open-replica version;
 - `shares`: per model, each class's turns in flight and held (beside the turn-seconds each had
