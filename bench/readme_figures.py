@@ -125,6 +125,21 @@ def family_line(data: dict[str, Any]) -> str:
     )
 
 
+def model_line(name: str) -> Callable[[dict[str, Any]], str]:
+    """One pooled model's ratios with their standard errors: `0.978x ± 0.007 interactive and
+    0.996x ± 0.004 batch`."""
+
+    def render(data: dict[str, Any]) -> str:
+        m = next(m for m in data["models"] if m["name"] == name)
+        r, se = m["ratio"], m["ratio_se"]
+        return (
+            f"{r['interactive']:.3f}x ± {se['interactive']:.3f} interactive and "
+            f"{r['batch']:.3f}x ± {se['batch']:.3f} batch"
+        )
+
+    return render
+
+
 RATELIMIT_ROWS = (
     ("fixed window", "fixed-openai"),
     ("token bucket", "continuous-openai"),
@@ -148,8 +163,33 @@ FIGURES: list[Figure] = [
         "matrix_real_settle_text.json",
         medians_line("real-text"),
     ),
+    Figure(
+        "matrix, vLLM tool calls",
+        "matrix_real_vllm.json",
+        matrix_row("vLLM's CPU build, tool calls", "vllm-openai"),
+    ),
+    Figure(
+        "matrix, vLLM plain messages",
+        "matrix_real_vllm.json",
+        matrix_row("vLLM's CPU build, tool results as plain messages", "vllm-text"),
+    ),
+    Figure(
+        "matrix, vLLM tool calls: the medians", "matrix_real_vllm.json", medians_line("vllm-openai")
+    ),
+    Figure(
+        "matrix, vLLM plain messages: the medians",
+        "matrix_real_vllm.json",
+        medians_line("vllm-text"),
+    ),
 ]
 FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
+FIGURES.append(
+    Figure(
+        "family, sglang-26-28 at twelve seeds",
+        "family_lab_s28_pooled.json",
+        model_line("sglang-26-28"),
+    )
+)
 FIGURES += [
     Figure(f"rate limits, {label}", "ratelimit_realtime.json", ratelimit_row(label, scenario))
     for label, scenario in RATELIMIT_ROWS

@@ -146,7 +146,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def import_path(tree: Path) -> str:
     """PYTHONPATH that makes `tree`'s luftpause and bench the ones imported (before the venv's)."""
-    parts = [tree, *sorted((tree / "services").glob("*")), tree / "testkit", tree / "src"]
+    services = sorted((tree / "services").glob("*"))
+    parts = [tree, *services, tree / "proto", tree / "testkit", tree / "src"]
     return os.pathsep.join(str(p) for p in parts if p.is_dir())
 
 

@@ -1,7 +1,7 @@
 """The user docs say only what exists: commands, make targets, links, paths, endpoint files.
 
 Pure reading: no network, no processes. Checked in README.md, docs/*.md, deploy/README.md and
-src/luftpause/testkit/README.md:
+testkit/luftpause/testkit/README.md:
 
 - every `luftpause <subcommand> [--flag ...]` command line (in fenced shell blocks and in
   inline code; also an inline `fake-engine --profile gpu` without the `luftpause`) names a
@@ -52,14 +52,14 @@ DOCS = sorted(
         ROOT / "README.md",
         *(ROOT / "docs").glob("*.md"),
         ROOT / "deploy" / "README.md",
-        ROOT / "src" / "luftpause" / "testkit" / "README.md",
+        ROOT / "testkit" / "luftpause" / "testkit" / "README.md",
     ]
 )
 # The paths check reads the user docs proper (deploy/ and the test kit name paths relative to
 # themselves).
 PATH_DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 # Folders whose paths, written in inline code, must exist (relative to the repository root).
-TOP_DIRS = ("bench", "deploy", "docs", "examples", "proto", "src", "tests")
+TOP_DIRS = ("bench", "deploy", "docs", "examples", "proto", "services", "src", "testkit", "tests")
 SHELL_LANGS = {"", "sh", "bash", "shell", "console", "text"}
 SHELL_OPERATORS = {"&&", "||", "|", ";", "&", ">", ">>", "<", "2>", "2>&1"}
 

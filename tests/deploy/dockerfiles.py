@@ -10,10 +10,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.deploy.containers import ALL_IMAGES, DOCKERFILES, STACK_IMAGES
+from tests import distributions
+from tests.deploy.containers import ALL_IMAGES, DOCKERFILES, ROOT, STACK_IMAGES
 
-# The service images share every instruction above this line; each adds only its own below it.
+# Every image's final stage is the same above this line; each adds only its own below it.
 SERVICE_MARK = "# ---- service:"
+# Every Dockerfile is the same above this line (the base stage, the start of the venv stage); the
+# dependency layers of the distributions the image installs follow it.
+DEPENDENCY_MARK = "RUN python3 -m venv /opt/luftpause\n"
+# What reads a distribution's third-party dependencies from its pyproject.toml in the build.
+REQUIREMENTS = DOCKERFILES / "requirements.py"
 Instruction = tuple[str, str]
 
 __all__ = ["ALL_IMAGES", "STACK_IMAGES"]
@@ -80,3 +86,57 @@ def shared_text(name: str, until: str) -> str:
     text = path(name).read_text()
     start = text.index("ARG BASE_IMAGE")
     return text[start : text.index(until, start)]
+
+
+def stage(name: str, alias: str) -> list[Instruction]:
+    """The instructions of the stage `FROM ... AS <alias>`, its FROM included."""
+    found = instructions(name)
+    start = next(i for i, (key, args) in enumerate(found) if key == "FROM" and args.endswith(alias))
+    end = next((i for i in range(start + 1, len(found)) if found[i][0] == "FROM"), len(found))
+    return found[start:end]
+
+
+def dependency_layers(name: str) -> dict[str, tuple[Instruction, Instruction]]:
+    """Per distribution whose pyproject.toml the venv stage copies: that COPY and the RUN after
+    it (which installs its dependencies), in the order of the file."""
+    venv = stage(name, " AS venv")
+    layers: dict[str, tuple[Instruction, Instruction]] = {}
+    for i, (key, args) in enumerate(venv):
+        source = args.split()[0]
+        if key == "COPY" and source.endswith("/pyproject.toml"):
+            folder = ROOT / source.removesuffix("/pyproject.toml")
+            [dist] = [d for d in distributions.distributions().values() if d.folder == folder]
+            layers[dist.name] = (venv[i], venv[i + 1])
+    return layers
+
+
+def installed(name: str) -> list[distributions.Distribution]:
+    """The distributions the image installs, in the order its venv stage installs them."""
+    return [distributions.distributions()[n] for n in dependency_layers(name)]
+
+
+def wheels(name: str) -> list[str]:
+    """The wheel files (globs) the venv stage installs without their dependencies."""
+    [install] = [
+        args for key, args in stage(name, " AS venv") if key == "RUN" and "--no-deps" in args
+    ]
+    after = install.split("--no-deps", 1)[1].split("&&", 1)[0]
+    return after.split()
+
+
+def final_text(name: str, until: str) -> str:
+    """The final stage's text, from its `FROM base` up to (not including) `until`."""
+    text = path(name).read_text()
+    start = text.rindex("\nFROM base\n")
+    return text[start : text.index(until, start)]
+
+
+def copied_wheels(name: str) -> list[str]:
+    """The wheel files (globs) of dist/ the venv stage copies in."""
+    return [
+        source
+        for key, args in stage(name, " AS venv")
+        if key == "COPY"
+        for source in args.split()[:-1]
+        if source.startswith("dist/")
+    ]

@@ -207,7 +207,7 @@ def test_an_overlay_that_writes_its_endpoint_file_writes_a_valid_one(overlay: st
         entrypoint = spec["entrypoint"]
         assert entrypoint[:2] == ["/bin/sh", "-c"]
         target = spec["environment"]["LUFTPAUSE_CONFIG"]
-        assert f'"$$ENDPOINTS_YAML" > {target} && exec luftpause {service}' in entrypoint[2]
+        assert f'"$$ENDPOINTS_YAML" > {target} && exec luftpause-{service}' in entrypoint[2]
         text = interpolate(spec["environment"]["ENDPOINTS_YAML"], HOSTED_ENV)
         config = parse_config(yaml.safe_load(text))
         assert len(config.endpoints) == 1 and not config.endpoints[0].metrics

@@ -1,11 +1,13 @@
-"""A plain install gives working services: the wheel, no extras, in a fresh venv.
+"""A plain install gives working services: the wheels, no extras, in a fresh venv.
 
-The wheel is built from this checkout, installed with `pip install` (its dependencies from the
-package index, as a user or a container image gets them) into a venv made with `python -m venv`
-without system site packages; then every module of the package imports there, and the
-scheduler, dataplane, runtime, fake engine and fake MCP server started from that venv's
-`luftpause` answer `/health` (and the chain of `/ready`s holds). Takes as long as pip does:
-some 30 s with a warm pip cache.
+The seven wheels (the workspace and every distribution of the tree) are built from this
+checkout and installed with one `pip install` of their files (their third-party dependencies
+from the package index, as a user or a container image gets them) into a venv made with
+`python -m venv` without system site packages; then every module of the namespace package
+imports there, and the scheduler, dataplane and runtime started by their own commands
+(`luftpause-scheduler`, ...) and the fake engine and fake MCP server by the venv's `luftpause`
+answer `/health` (and the chain of `/ready`s holds). Takes as long as pip does: some 30 s with a
+warm pip cache.
 """
 
 from __future__ import annotations
@@ -23,16 +25,21 @@ import pytest
 from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.stack import Endpoint, write_endpoints
 from luftpause.testkit.waits import eventually
+from tests.distributions import distributions
 
 # pip may download the dependencies when its cache is cold.
 pytestmark = pytest.mark.timeout(360)
-ROOT = Path(__file__).resolve().parents[2]
 # Nothing from this checkout or the user's site may leak into the installed services.
 CLEAN_ENV = {"PYTHONPATH": "", "PYTHONNOUSERSITE": "1", "LUFTPAUSE_LOG_FORMAT": "json"}
+# Started by their own distributions' commands.
+SERVICES = ("scheduler", "dataplane", "runtime")
 IMPORT_ALL = """
 import importlib, pkgutil, sys, luftpause
-assert luftpause.__path__[0].startswith(sys.prefix), luftpause.__path__
-names = [m.name for m in pkgutil.walk_packages(luftpause.__path__, "luftpause.")]
+portions = list(luftpause.__path__)  # a namespace package, its parts from seven wheels
+assert portions and all(p.startswith(sys.prefix) for p in portions), portions
+names = [m.name for m in pkgutil.walk_packages(portions, "luftpause.")]
+tops = {n.split(".")[1] for n in names}
+assert tops == {"cli", "up", "common", "rpc", "scheduler", "dataplane", "runtime", "testkit"}, tops
 for name in names:
     importlib.import_module(name)
 print(len(names))
@@ -49,21 +56,24 @@ def run(*args: str | Path, timeout: float) -> str:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel installed, no extras."""
+    """A fresh venv with every wheel of the tree installed, no extras."""
     work = tmp_path_factory.mktemp("plain-install")
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist", ROOT,
-        timeout=120)  # fmt: skip
-    (wheel,) = (work / "dist").glob("luftpause-*.whl")
+    folders = [dist.folder for dist in distributions().values()]
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", work / "dist", *folders,
+        timeout=240)  # fmt: skip
+    wheels = sorted((work / "dist").glob("luftpause*.whl"))
+    assert len(wheels) == len(folders), wheels
     run(sys.executable, "-m", "venv", work / "venv", timeout=120)
     python = work / "venv" / "bin" / "python"
     assert "include-system-site-packages = false" in (work / "venv" / "pyvenv.cfg").read_text()
-    run(python, "-m", "pip", "install", "-q", wheel, timeout=240)
+    run(python, "-m", "pip", "install", "-q", *wheels, timeout=240)
     return work / "venv"
 
 
 @pytest.fixture
 async def services(venv: Path, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
-    """Each service started from the venv's `luftpause`; name -> base URL."""
+    """Each service started from the venv: the three services by their own commands, the test
+    kit's by `luftpause <subcommand>`; name -> base URL."""
     exe = [str(venv / "bin" / "luftpause")]
     port = {n: free_port() for n in ("engine", "grpc", "http", "dataplane", "runtime", "mcp")}
     url = {n: f"http://127.0.0.1:{p}" for n, p in port.items()}
@@ -89,8 +99,12 @@ async def services(venv: Path, tmp_path: Path) -> AsyncIterator[dict[str, str]]:
     }
     async with AsyncExitStack() as exits:
         for name, args in commands.items():
+            if name in SERVICES:
+                program, args = [str(venv / "bin" / f"luftpause-{name}")], args[1:]
+            else:
+                program = exe
             proc = await Proc(
-                args, name=name, program=exe, env=CLEAN_ENV, log_path=tmp_path / f"{name}.log"
+                args, name=name, program=program, env=CLEAN_ENV, log_path=tmp_path / f"{name}.log"
             ).start()
             exits.push_async_callback(proc.stop)
         yield bases

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import Mapping
 
 import grpc
@@ -213,8 +214,9 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await runner.cleanup()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the scheduler until SIGINT or SIGTERM."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     args = parse_args(argv)
     try:
         load_config(args.config)

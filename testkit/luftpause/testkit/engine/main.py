@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import ssl
+import sys
 from collections.abc import Mapping
 
 from luftpause.common import envargs
@@ -369,8 +370,9 @@ async def _serve_until(
         await server.close()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of `luftpause fake-engine`."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     args = parse_args(argv)
     parser = build_parser(PROFILES[args.profile])
     try:

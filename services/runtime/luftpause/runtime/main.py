@@ -452,8 +452,9 @@ async def _retain(runtime: Runtime, tasks: TasksExtension, config: RuntimeConfig
         await asyncio.sleep(config.retain_every)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of `luftpause runtime`."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     config = parse_args(argv)
     try:
         failpoints.armed()

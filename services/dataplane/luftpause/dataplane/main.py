@@ -172,8 +172,9 @@ async def serve(
         await runner.cleanup()
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point for `luftpause dataplane`."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     args = parse_args(argv)
     try:  # checked here, so a bad file stops the supervisor of --workers too
         keys = KeysFile(args.keys_file) if args.keys_file else None

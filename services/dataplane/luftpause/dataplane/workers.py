@@ -37,8 +37,7 @@ def worker_argv(argv: Sequence[str], dataplane_id: str, index: int) -> list[str]
     return [
         sys.executable,
         "-m",
-        "luftpause.cli",
-        "dataplane",
+        "luftpause.dataplane",
         *argv,
         "--workers",
         "1",

@@ -191,6 +191,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> arg
     return envargs.parse_args(build_parser(), argv, os.environ if environ is None else environ)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`luftpause llama-engine [options]`: serve until SIGTERM or SIGINT."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     serve(parse_args(argv))

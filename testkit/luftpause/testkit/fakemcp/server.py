@@ -23,6 +23,7 @@ import contextlib
 import os
 import random
 import signal
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,8 +267,9 @@ async def serve(config: FakeMcpConfig, log: structlog.stdlib.BoundLogger) -> int
     return 0 if server.started else 1
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of `luftpause fake-mcp`."""
+    argv = sys.argv[1:] if argv is None else argv  # as the console script calls it
     config = parse_args(argv)
     log = setup_logging("fake-mcp")
     return asyncio.run(serve(config, log))
