@@ -332,3 +332,69 @@ async def test_an_engine_breaking_off_a_translated_stream_leaves_it_without_mess
     assert cut_off and kinds[:3] == ["message_start", "content_block_start", "content_block_delta"]
     assert "message_stop" not in kinds
     assert events == ["started", "first_token", "failed"]
+
+
+# A reply's tool calls are known before the engine ends its stream: a client reads the last
+# event and sends its next turn at once (Codex does), often before the engine's end of stream
+# reaches the dataplane. That turn echoes the calls' ids and must find its run.
+
+RESPONSES_TOOL_STREAM = [
+    b"event: response.created\n"
+    b'data: {"type":"response.created","response":{"id":"resp_1","status":"in_progress",'
+    b'"output":[]}}\n\n',
+    b"event: response.output_item.added\n"
+    b'data: {"type":"response.output_item.added","output_index":0,"item":{"type":'
+    b'"function_call","id":"fc_1","call_id":"call_rsp","name":"lookup","arguments":""}}\n\n',
+    b"event: response.completed\n"
+    b'data: {"type":"response.completed","response":{"id":"resp_1","status":"completed",'
+    b'"output":[{"type":"function_call","id":"fc_1","call_id":"call_rsp","name":"lookup",'
+    b'"arguments":"{}"}],"usage":{"input_tokens":5,"output_tokens":3,"total_tokens":8}}}\n\n',
+]
+
+
+def _ends_late(chunks: list[bytes], released: asyncio.Event) -> Any:
+    """An engine handler that sends `chunks`, then holds its stream open until `released`."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for chunk in chunks:
+            await resp.write(chunk)
+        await released.wait()
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("door", "path", "engine_stream", "last", "call_id"),
+    [
+        ("chat passed", "/v1/chat/completions", TOOL_STREAM, b"[DONE]", "call_abc"),
+        ("responses translated", RESPONSES, TOOL_STREAM, b"response.completed", "call_abc"),
+        ("responses passed", RESPONSES, RESPONSES_TOOL_STREAM, b"response.completed", "call_rsp"),
+    ],
+)
+async def test_a_streamed_replys_tool_calls_find_their_run_before_the_engine_ends_its_stream(
+    stack: Stack,
+    native: Stack,
+    door: str,
+    path: str,
+    engine_stream: list[bytes],
+    last: bytes,
+    call_id: str,
+) -> None:
+    s = native if door == "responses passed" else stack
+    released = asyncio.Event()
+    s.engine.handler = _ends_late(engine_stream, released)
+    body = codex() if path == RESPONSES else s.chat(stream=True)
+    async with asyncio.timeout(10), s.http.post(s.url + path, json=body) as resp:
+        assert resp.status == 200
+        run_id = resp.headers["x-luftpause-run-id"]
+        got = b""
+        while last not in got:
+            got += await resp.content.readany()
+        # The client holds the reply's last event; the engine has not ended its stream.
+        assert s.dp.memory.recognise([call_id], s.dp.clock()) == run_id
+        released.set()
+        await resp.read()

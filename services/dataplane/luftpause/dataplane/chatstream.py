@@ -30,7 +30,7 @@ otherwise never copied but for the bytes held back across a chunk boundary.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, cast
 
@@ -152,6 +152,11 @@ class ChatReader:
     def summary(self) -> ReplySummary:
         """What the stream said so far."""
         return self._facts.summary()
+
+    @property
+    def call_ids(self) -> Sequence[str]:
+        """The tool call ids the stream has carried so far, in order."""
+        return self._facts.ids
 
     def feed(self, data: bytes) -> list[Event]:
         """The events completed by `data`."""
@@ -312,6 +317,10 @@ class Translation:
 
     def summary(self) -> ReplySummary:
         return self._reader.summary()
+
+    @property
+    def call_ids(self) -> Sequence[str]:
+        return self._reader.call_ids
 
     def feed(self, data: bytes) -> bytes:
         """The client's bytes for these engine bytes (often b"" until a line completes)."""

@@ -20,7 +20,7 @@ end, `first_token` and `summary()` for the turn's report.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -55,6 +55,12 @@ class ReplyStream(Protocol):
 
     def summary(self) -> ReplySummary: ...
 
+    @property
+    def call_ids(self) -> Sequence[str]:
+        """The tool call ids the reply has carried so far, in order (remembered before the
+        bytes that carry them go on, so a client's next request finds its run)."""
+        ...
+
 
 class Observer(Protocol):
     """Reads a stream relayed unchanged (`sse.SseObserver` and the two APIs' observers)."""
@@ -66,6 +72,9 @@ class Observer(Protocol):
     def flush(self) -> bool: ...
 
     def summary(self) -> ReplySummary: ...
+
+    @property
+    def call_ids(self) -> Sequence[str]: ...
 
 
 class Passing:
@@ -90,6 +99,10 @@ class Passing:
 
     def summary(self) -> ReplySummary:
         return self._observer.summary()
+
+    @property
+    def call_ids(self) -> Sequence[str]:
+        return self._observer.call_ids
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -125,12 +125,16 @@ async def _stream(
     received = 0.0
     sent = 0  # engine bytes read (what the turn reports)
     wrote = told = False
+    calls = 0  # tool call ids remembered so far
     try:
         while chunk := await engine.read_chunk():
             if not sent:
                 received = time.perf_counter()
             sent += len(chunk)
             out = stream.feed(chunk)
+            if len(stream.call_ids) > calls:
+                turn.calls_seen(stream.call_ids[calls:])
+                calls = len(stream.call_ids)
             if out:
                 await resp.write(out)
                 if not wrote:
@@ -153,6 +157,7 @@ async def _stream(
         return resp
     try:
         tail = stream.flush()
+        turn.calls_seen(stream.call_ids[calls:])
         if tail:
             await resp.write(tail)
     except ConnectionError:

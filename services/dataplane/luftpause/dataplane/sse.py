@@ -18,7 +18,7 @@ without being split into lines at all: after the first token its lines could tel
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from luftpause.dataplane.reply import ReplySummary, Usage, summarize, tool_call_ids_of, usage_of
@@ -113,6 +113,11 @@ class EventObserver:
     def summary(self) -> ReplySummary:
         raise NotImplementedError
 
+    @property
+    def call_ids(self) -> Sequence[str]:
+        """The tool call ids the stream has carried so far, in order."""
+        raise NotImplementedError
+
     def _decodes(self, name: bytes) -> bool:
         raise NotImplementedError
 
@@ -190,6 +195,11 @@ class SseObserver:
     def summary(self) -> ReplySummary:
         """What the stream said so far."""
         return summarize(self._finish_reason, self._usage, self._ids, self._any_calls)
+
+    @property
+    def call_ids(self) -> Sequence[str]:
+        """The tool call ids the stream has carried so far, in order."""
+        return self._ids
 
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:"):

@@ -22,7 +22,7 @@ abandoned for a placed turn as its end and ignores it for a turn it no longer kn
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
@@ -154,6 +154,13 @@ class Turn:
             self._report(wire.first_token(self.turn_id, self.run_id), self.replica_id)
             if self.span is not None:
                 self.span.event("first_token")
+
+    def calls_seen(self, ids: Sequence[str]) -> None:
+        """The reply carries these tool calls: remember them now, before the bytes that carry
+        them reach the client, whose next request echoes them (as soon as a stream's last
+        event arrives, before the engine's end of stream is read and the turn `finished`)."""
+        if ids and not self.single_pass:
+            self._memory.remember(ids, self.run_id, self._clock())
 
     def finished(self, summary: ReplySummary) -> None:
         """The reply arrived whole; a reply with tool calls pauses the run."""

@@ -19,7 +19,7 @@ handful per reply); `content_block_delta` payloads only until the first token, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from luftpause.dataplane.reply import ReplySummary, Usage, json_object, summarize
@@ -95,6 +95,10 @@ class MessagesObserver(EventObserver):
 
     def summary(self) -> ReplySummary:
         return self._facts.summary()
+
+    @property
+    def call_ids(self) -> Sequence[str]:
+        return self._facts.ids
 
     def _decodes(self, name: bytes) -> bool:
         return name != b"ping" and not (self.first_token and name and name not in _ALWAYS)

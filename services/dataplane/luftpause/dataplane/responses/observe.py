@@ -17,7 +17,7 @@ Cost: by the event's name: `response.output_item.added` and the final `response.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from luftpause.dataplane.reply import ReplySummary, json_object, summarize, usage_of
@@ -90,6 +90,10 @@ class ResponsesObserver(EventObserver):
 
     def summary(self) -> ReplySummary:
         return self._facts.summary()
+
+    @property
+    def call_ids(self) -> Sequence[str]:
+        return self._facts.ids
 
     def _decodes(self, name: bytes) -> bool:
         if name.endswith(b".delta"):
