@@ -1,7 +1,7 @@
 """Decision-core throughput and how it grows with live runs; Resync of a large dataplane.
 
 Run: `.venv/bin/python -m bench.scheduler_core [--runs 1000 10000 100000] [--events 100000]
-[--against REF]`.
+[--against REF] [--out NAME]`.
 One process, one core, no I/O: `decide()` alone, 32 replicas, 16 callers. Two pools: engines
 with room (no queue reported, so uncapped), and saturated engines, each capped at 48 turns (its
 engine reports a queue), so that with more runs than slots turns are held and drained as slots
@@ -315,11 +315,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--against", metavar="REF", help="also measure this commit, alternated")
+    p.add_argument(
+        "--out",
+        metavar="NAME",
+        help="write bench/results/NAME.json (default: scheduler_core, or scheduler_core_against "
+        "with --against)",
+    )
     args = p.parse_args()
     if args.against:
         comparison = compare(args.against, args)
         path = write_result(
-            "scheduler_core_against",
+            args.out or "scheduler_core_against",
             {
                 "benchmark": "scheduler_core_against",
                 "replicas": REPLICAS,
@@ -354,7 +360,7 @@ def main() -> None:
         flush=True,
     )
     path = write_result(
-        "scheduler_core",
+        args.out or "scheduler_core",
         {
             "benchmark": "scheduler_core",
             "replicas": REPLICAS,

@@ -175,6 +175,7 @@ def check_rebuilds(state: State, at: float) -> None:
     rebuilt = Draft(state)
     residency.rebuild(rebuilt)
     assert rebuilt.replicas == state.replicas, "resident tokens differ from their rebuild"
+    assert rebuilt.idle_resident == state.idle_resident, "idle resident runs miscounted"
     checked = set().union(*(_chain_ids(c) for c in state.residency_checks.values()))
     for run in state.runs.values():
         if run.footprint and run.resident_until > 0 and not run.turns_in_flight:
@@ -202,6 +203,8 @@ def check_rebuilds(state: State, at: float) -> None:
     assert {r: set(ids) for r, ids in state.held_by_run.items()} == {
         r: set(ids) for r, ids in rebuilt.held_by_run.items()
     }, "held turns by run differ from their rebuild"
+    # A bound: no turn held in an "m" bucket arrived before it (the rebuild gives the least).
+    assert state.new_held_since <= rebuilt.new_held_since, "a turn held before new_held_since"
 
     rebuilt = Draft(state)
     shares.rebuild(rebuilt)

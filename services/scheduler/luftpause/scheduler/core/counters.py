@@ -14,7 +14,7 @@ from __future__ import annotations
 import immutables
 
 from luftpause.scheduler.core.model import Phase, Replica, Run, ServiceClass, Turn, evolve
-from luftpause.scheduler.core.placement import set_replica
+from luftpause.scheduler.core.placement import set_replica, update_replica
 from luftpause.scheduler.core.state import Draft, View
 
 
@@ -52,7 +52,7 @@ def first_token(d: Draft, turn_id: str) -> None:
     replica = d.replicas.get(turn.replica)
     if replica is not None:
         pending = replica.pending_prefill - turn.prefill_tokens
-        set_replica(d, evolve(replica, pending_prefill=pending))
+        update_replica(d, replica, pending_prefill=pending)
 
 
 def add_caller(d: Draft, caller: str, delta: int) -> None:
@@ -80,7 +80,7 @@ def bump_paused(d: Draft, replica_id: str, delta: int) -> None:
     replica = d.replicas.get(replica_id)
     if replica is not None:
         paused = max(replica.paused_interactive + delta, 0)
-        set_replica(d, evolve(replica, paused_interactive=paused))
+        update_replica(d, replica, paused_interactive=paused)
 
 
 def rebuild(d: Draft) -> None:

@@ -9,14 +9,14 @@ in time, applies the event, drains the held turns that may fit now, and freezes 
 the next state. A turn enters as `Admit` and waits in a queue of its bucket (see `model`) until
 a replica may take it (`placement.choose_replica`). Whatever adds room (a turn ends, a probe
 changes load or health, a run leaves a working set, a resync) notes the replica in
-`Draft.opened` (`placement.set_replica`); whatever moves a held turn to another bucket returns
-that bucket. Those buckets drain in priority order: interactive before batch (while within its
-share, `shares`), then the caller with the fewest turns in flight, then arrival. A placed turn
-puts its run in GENERATING on that replica; a reply ending in tool calls leaves it TOOL_PAUSED
-there (pinned, and holding headroom against batch if it is interactive); any other end leaves
-it IDLE, resident while runs like it come back (`residency`). Ticks (`upkeep`) expire turns
-never reported back, runs idle too long, the turns of dataplanes gone past their grace period,
-and the waits only worth a bounded time (`holds`).
+`Draft.opened` (`Draft.settle`, once the step's changes to it are in); whatever moves a held
+turn to another bucket returns that bucket. Those buckets drain in priority order: interactive
+before batch (while within its share, `shares`), then the caller with the fewest turns in
+flight, then arrival. A placed turn puts its run in GENERATING on that replica; a reply ending
+in tool calls leaves it TOOL_PAUSED there (pinned, and holding headroom against batch if it is
+interactive); any other end leaves it IDLE, resident while runs like it come back
+(`residency`). Ticks (`upkeep`) expire turns never reported back, runs idle too long, the turns
+of dataplanes gone past their grace period, and the waits only worth a bounded time (`holds`).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from luftpause.scheduler.core.model import (
     Replica,
     Rules,
     ServiceClass,
+    build,
     evolve,
     limit_of,
 )
@@ -76,6 +77,7 @@ from luftpause.scheduler.core.state import Draft, State
 Decision = tuple[State, tuple[Action, ...]]
 DEFAULT_RULES = Rules()
 Applied = tuple[list[Action], list[Bucket]]
+_INTERACTIVE, _BATCH = ServiceClass.INTERACTIVE, ServiceClass.BATCH
 
 
 def initial_state(
@@ -89,6 +91,7 @@ def initial_state(
     generative: dict[str, list[str]] = {}
     single: dict[str, list[str]] = {}
     for e in endpoints:
+        position = replicas[e.id].index if e.id in replicas else len(replicas)
         # No `limits` and nothing that says it is an engine of our own (its KV pool, slots,
         # running cap or priorities): unread until its first reply or probe (`Replica.unread`).
         engine = bool(e.kv_tokens or e.slots or e.max_running or e.priority)
@@ -98,6 +101,7 @@ def initial_state(
             url=e.base_url,
             models=e.models,
             kind=e.kind,
+            index=position,
             priority=e.priority,
             slots=e.slots,
             slot_runs=("",) * e.slots,
@@ -114,6 +118,7 @@ def initial_state(
     d = Draft(
         State(
             replicas=immutables.Map(replicas),
+            replica_ids=tuple(replicas),
             generative_by_model=immutables.Map({m: tuple(v) for m, v in generative.items()}),
             single_pass_by_model=immutables.Map({m: tuple(v) for m, v in single.items()}),
             dataplane_grace_s=dataplane_grace_s,
@@ -130,6 +135,7 @@ def decide(state: State, event: Event) -> Decision:
     d = Draft(state)
     residency.expire(d, event.at)
     actions, buckets = _apply(d, event)
+    d.settle()
     if d.held and (buckets or d.opened):
         for rid in dict.fromkeys(d.opened):
             buckets += queues.buckets_for_replica(d, rid)
@@ -249,7 +255,8 @@ def _placed_by_dataplane(d: Draft, ev: Admit) -> Applied:
 
 
 def _held(d: Draft, ev: Admit, bucket: Bucket) -> HeldTurn:
-    return HeldTurn(
+    return build(
+        HeldTurn,
         id=ev.turn_id,
         run_id=ev.run_id,
         model=ev.model,
@@ -380,20 +387,24 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     pending = list(dict.fromkeys(buckets))
     interactive = True  # an interactive head may still fit
     while d.held:
-        best = queues.best_head(d, pending, ServiceClass.INTERACTIVE) if interactive else None
+        # The best batch head is looked for only when it may go: no interactive head fits,
+        # or interactive is past its share.
+        best = queues.best_head(d, pending, _INTERACTIVE) if interactive else None
         if best is None:
             interactive = False
-            best = queues.best_head(d, pending, ServiceClass.BATCH)
+            best = queues.best_head(d, pending, _BATCH)
             if best is None:
                 break
         elif shares.past_share(d, d.held[best].model, at):
-            best = _past_share(d, pending, at) or best
+            best = _past_share(d, pending, at, queues.best_head(d, pending, _BATCH)) or best
         turn = d.held[best]
         replica = choose_replica(d, turn)
         if replica is None:  # cannot happen while bucket_fits holds; never loop on it
             raise AssertionError(f"bucket {turn.bucket} fits but {turn.id} has no replica")
+        d.settle()
         d.opened.clear()
         moved, taken = lifecycle.start_turn(d, turn, replica, at)
+        d.settle()
         for rid in d.opened:
             moved += queues.buckets_for_replica(d, rid)
         pending += [b for b in dict.fromkeys(moved) if b not in pending]
@@ -403,12 +414,13 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     return actions
 
 
-def _past_share(d: Draft, pending: list[Bucket], at: float) -> str | None:
+def _past_share(d: Draft, pending: list[Bucket], at: float, best_batch: str | None) -> str | None:
     """When the best interactive head is of a model past its class's share: the best
-    interactive head of a model within it, else the best batch head (None: neither fits)."""
+    interactive head of a model within it, else the best batch head `best_batch` (None:
+    neither fits)."""
     within = [b for b in pending if not shares.past_share(d, b[2], at)]
     best = queues.best_head(d, within, ServiceClass.INTERACTIVE) if within else None
-    return best or queues.best_head(d, pending, ServiceClass.BATCH)
+    return best or best_batch
 
 
 # --- turn ends and stamps ------------------------------------------------------------------

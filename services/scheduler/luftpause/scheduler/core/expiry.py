@@ -54,8 +54,7 @@ def schedule_run_check(d: Draft, run: Run, due: float) -> Run:
     second = math.ceil(due)
     if run.check_at != -1 and run.check_at <= second:
         return run  # an earlier check will reschedule it
-    run = evolve(run, check_at=second)
-    d.runs = d.runs.set(run.id, run)
+    run = d.change_run(run, check_at=second)
     d.run_checks = d.run_checks.set(second, (run.id, d.run_checks.get(second)))
     cursor = d.run_check_cursor
     if cursor == -1 or second < cursor:

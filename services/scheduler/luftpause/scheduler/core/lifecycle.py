@@ -13,9 +13,17 @@ from luftpause.scheduler.core.cost import prefill
 from luftpause.scheduler.core.counters import holds_headroom
 from luftpause.scheduler.core.events import RunTaken, TurnFinished
 from luftpause.scheduler.core.learned import comeback_keys, ended, returned, window_for
-from luftpause.scheduler.core.model import Bucket, HeldTurn, Phase, Replica, Run, Turn, evolve
+from luftpause.scheduler.core.model import (
+    Bucket,
+    HeldTurn,
+    Phase,
+    Replica,
+    Run,
+    Turn,
+    build,
+)
 from luftpause.scheduler.core.openings import OpeningIndex, record
-from luftpause.scheduler.core.placement import set_replica
+from luftpause.scheduler.core.placement import update_replica
 from luftpause.scheduler.core.state import Draft
 
 _NO_INDEX = OpeningIndex()
@@ -33,7 +41,8 @@ def start_turn(
     order = expiry.order_turn(d, held.id)
     slot = slots.pick(d, replica, held.run_id) if replica.slots else None
     save, restore = (-1, -1) if slot is None else slots.offload(d, replica, slot, held.run_id)
-    turn = Turn(
+    turn = build(
+        Turn,
         id=held.id,
         run_id=held.run_id,
         replica=replica.id,
@@ -61,7 +70,7 @@ def start_turn(
             changes.update(slots.keep(replica, save, restore, replica.slot_runs[slot]))
         changes["slot_runs"] = slots.take(replica, slot, held.run_id)
     d.turns = d.turns.set(turn.id, turn)
-    set_replica(d, evolve(replica, **changes))
+    update_replica(d, replica, **changes)
     if held.single_pass:
         return [], ()
     if held.opening and d.rules.openings:
@@ -69,7 +78,10 @@ def start_turn(
         d.openings = d.openings.set(replica.id, record(index, held.opening))
     counters.add_caller(d, held.caller, 1)
     old = d.runs.get(held.run_id)
-    run = _generating(d, old, held, replica, at)
+    taken: tuple[RunTaken, ...] = ()
+    if old is not None and old.dataplane and held.dataplane and old.dataplane != held.dataplane:
+        taken = (RunTaken(dataplane=old.dataplane, run_id=old.id),)
+    run = _generating(d, old, held, replica, at)  # may change `old` in place
     if not run.resident:
         tokens = (
             residency.footprint(d, run)
@@ -77,11 +89,7 @@ def start_turn(
             else residency.first_footprint(d, held.prompt_bytes)
         )
         run = residency.set_footprint(d, run, tokens)
-    moved = queues.rebucket_run(d, run.id)
-    taken: tuple[RunTaken, ...] = ()
-    if old is not None and old.dataplane and held.dataplane and old.dataplane != held.dataplane:
-        taken = (RunTaken(dataplane=old.dataplane, run_id=run.id),)
-    return moved, taken
+    return queues.rebucket_run(d, run.id), taken
 
 
 def _generating(d: Draft, old: Run | None, held: HeldTurn, replica: Replica, at: float) -> Run:
@@ -97,13 +105,13 @@ def _generating(d: Draft, old: Run | None, held: HeldTurn, replica: Replica, at:
             last_active=at,
             dataplane=held.dataplane,
         )
-        d.runs = d.runs.set(run.id, run)
+        d.runs = d.runs.set(run.id, d.adopt(run))
         return run
     if holds_headroom(d, old):  # it leaves its tool call: the slot kept for it is free
         counters.bump_paused(d, old.replica, -1)
     if old.resident and old.replica != replica.id:
         old = residency.leave(d, old)  # it moves: its KV there is free now
-    run = evolve(
+    return d.change_run(
         old,
         replica=replica.id,
         phase=Phase.GENERATING,
@@ -114,8 +122,6 @@ def _generating(d: Draft, old: Run | None, held: HeldTurn, replica: Replica, at:
         ended=False,
         dataplane=held.dataplane or old.dataplane,
     )
-    d.runs = d.runs.set(run.id, run)
-    return run
 
 
 def end_turn(
@@ -136,7 +142,7 @@ def end_turn(
             uncached = max(usage.prompt_tokens - usage.cached_tokens, 0)
             ttft = turn.first_token_at - turn.started_at
             changes["prefill"] = replica.prefill.add(uncached, ttft)
-        set_replica(d, evolve(replica, **changes))
+        update_replica(d, replica, **changes)
     if turn.single_pass:
         return []
     counters.add_caller(d, turn.caller, -1)
@@ -146,7 +152,7 @@ def end_turn(
     if usage is not None and usage.prompt_tokens > 0:
         run = _learn(d, run, turn, usage)
     if run.turns_in_flight > 1:
-        d.runs = d.runs.set(run.id, evolve(run, turns_in_flight=run.turns_in_flight - 1))
+        d.change_run(run, turns_in_flight=run.turns_in_flight - 1)
         return []
     if run.ended:
         residency.leave(d, run)
@@ -155,10 +161,9 @@ def end_turn(
     if run.resident and run.replica != turn.replica:  # its latest turn went elsewhere
         run = residency.leave(d, run)
     phase = Phase.TOOL_PAUSED if tool_calls else Phase.IDLE
-    run = evolve(
+    run = d.change_run(
         run, turns_in_flight=0, phase=phase, last_active=at, replica=turn.replica, back=False
     )
-    d.runs = d.runs.set(run.id, run)
     if holds_headroom(d, run):
         counters.bump_paused(d, run.replica, 1)
     run = _stay(d, run, at, tool_calls, counted=usage is not None)
@@ -175,7 +180,7 @@ def _learn(d: Draft, run: Run, turn: Turn, usage: TurnFinished) -> Run:
     )
     if run.rounds and run.context_tokens:
         sizes = sizes.growth(usage.prompt_tokens - run.context_tokens)
-    run = evolve(
+    run = d.change_run(
         run,
         context_tokens=usage.prompt_tokens + usage.completion_tokens,
         shared_tokens=run.shared_tokens if run.rounds else usage.cached_tokens,
@@ -183,7 +188,6 @@ def _learn(d: Draft, run: Run, turn: Turn, usage: TurnFinished) -> Run:
     )
     before = residency.new_run_tokens(d)
     d.sizes = sizes
-    d.runs = d.runs.set(run.id, run)
     if run.rounds == 1:
         d.sizes = sizes.new_run(residency.footprint(d, run))
     if residency.new_run_tokens(d) != before:
@@ -217,7 +221,7 @@ def arrived(d: Draft, run_id: str, at: float) -> None:
     if run is None or run.back or run.turns_in_flight or not run.rounds:
         return
     _came_back(d, run, at)
-    d.runs = d.runs.set(run_id, evolve(run, back=True))
+    d.change_run(run, back=True)
 
 
 def _came_back(d: Draft, run: Run, at: float) -> None:
@@ -237,7 +241,7 @@ def forget_run(d: Draft, run_id: str) -> list[Bucket]:
     if run is None:
         return []
     if run.turns_in_flight:
-        d.runs = d.runs.set(run_id, evolve(run, ended=True))
+        d.change_run(run, ended=True)
         return []
     if holds_headroom(d, run):
         counters.bump_paused(d, run.replica, -1)

@@ -40,9 +40,7 @@ open replica, or one they started, themselves; the core records such a placement
 
 from __future__ import annotations
 
-import immutables
-
-from luftpause.common.config import EndpointKind
+from luftpause.scheduler.core import room
 from luftpause.scheduler.core.cost import cost
 from luftpause.scheduler.core.model import (
     Bucket,
@@ -53,10 +51,8 @@ from luftpause.scheduler.core.model import (
     evolve,
     limit_of,
 )
+from luftpause.scheduler.core.room import is_open, room_pair
 from luftpause.scheduler.core.state import Draft, View
-
-_CLASSES = (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
-_NO_IDS: frozenset[str] = frozenset()
 
 
 def has_room(replica: Replica, service_class: ServiceClass) -> bool:
@@ -65,80 +61,36 @@ def has_room(replica: Replica, service_class: ServiceClass) -> bool:
     return batch if service_class is ServiceClass.BATCH else interactive
 
 
-def room_pair(replica: Replica) -> tuple[bool, bool]:
-    """Whether `replica` can take one more (interactive, batch) turn now, health aside."""
-    cap = replica.capacity
-    if cap is None:
-        return True, True
-    free = cap - replica.in_flight
-    if replica.priority is not None and replica.priority.preemptive:
-        return replica.interactive_in_flight < cap, free > 0
-    return free > 0, free > replica.paused_interactive
-
-
-def is_open(replica: Replica) -> bool:
-    """Every turn fits on `replica` now: a dataplane may place turns there itself."""
-    return (
-        replica.healthy
-        and replica.capacity is None
-        and replica.kind is EndpointKind.GENERATIVE
-        and not replica.limited
-        and replica.new_batch_fits
-        and replica.new_interactive_fits
-    )
-
-
 def open_replicas(view: View) -> tuple[Replica, ...]:
     """The open replicas, by id."""
     return tuple(sorted((r for r in view.replicas.values() if is_open(r)), key=lambda r: r.id))
 
 
-def _room_flags(replica: Replica) -> tuple[bool, bool, bool, bool]:
-    """Whether `replica` counts in each room set of its kind: see `_room_keys`."""
-    if not replica.healthy:
-        return (False, False, False, False)
-    interactive, batch = room_pair(replica)
-    if replica.kind is EndpointKind.SINGLE_PASS:
-        return (interactive, batch, False, False)
-    return (
-        interactive and replica.new_fits(ServiceClass.INTERACTIVE),
-        batch and replica.new_fits(ServiceClass.BATCH),
-        interactive,
-        batch,
-    )
-
-
-def _room_keys(replica: Replica) -> tuple[tuple[str, ServiceClass], ...]:
-    """The (kind, class) of each flag `_room_flags` returns ("" where the kind has none)."""
-    if replica.kind is EndpointKind.SINGLE_PASS:
-        return (("s", _CLASSES[0]), ("s", _CLASSES[1]), ("", _CLASSES[0]), ("", _CLASSES[1]))
-    return (("m", _CLASSES[0]), ("m", _CLASSES[1]), ("o", _CLASSES[0]), ("o", _CLASSES[1]))
-
-
 def set_replica(d: Draft, new: Replica) -> None:
-    """Store a changed replica, keeping the room sets and the open version in step with it.
+    """Store a changed replica. The room sets and the open version (`room`) follow at the
+    step's next `Draft.settle`, from the replica as the room sets last saw it to how it is
+    then; a replica that gained room is noted in `d.opened` then: `decide` drains its held
+    turns."""
+    rid = new.id
+    if rid not in d.stale:
+        d.stale[rid] = d.replicas[rid]
+    d.replicas = d.replicas.set(rid, new)
 
-    Room sets, per (kind, model, class), hold the healthy replicas serving the model with room
-    for a turn of the class: "m" those where a new run may also start (the KV rule, see
-    `residency`), "o" all of them (turns the KV rule has held long enough), "s" single-pass. A
-    replica that gains room is noted in `d.opened`: `decide` drains its held turns.
-    """
-    old = d.replicas[new.id]
-    before, after = _room_flags(old), _room_flags(new)
-    if before != after:
-        room = d.room
-        for (kind, cls), was, now in zip(_room_keys(new), before, after, strict=True):
-            if was != now and kind:
-                for model in new.models:
-                    key = (kind, model, cls)
-                    ids = room.get(key, _NO_IDS)
-                    room = room.set(key, ids | {new.id} if now else ids - {new.id})
-        d.room = room
-        if any(now and not was for was, now in zip(before, after, strict=True)):
-            d.opened.append(new.id)
-    if is_open(new) != is_open(old):
-        d.open_version += 1
-    d.replicas = d.replicas.set(new.id, new)
+
+def update_replica(d: Draft, replica: Replica, **changes: object) -> Replica:
+    """Store `replica` with `changes` and return it as stored. A replica this step already
+    stored since the room sets last looked (`Draft.stale` keeps the one they saw) is the
+    step's own copy and changes in place; any other is copied once (`set_replica`). So a freed
+    slot, or a placed turn, copies its replica once for its counters, residency and slots. The
+    caller must not read `replica` afterwards expecting the old values."""
+    rid = replica.id
+    seen = d.stale.get(rid)
+    if seen is not None and seen is not replica and d.replicas.get(rid) is replica:
+        replica.__dict__.update(changes)
+        return replica
+    new = evolve(replica, **changes)
+    set_replica(d, new)
+    return new
 
 
 def mark_read(d: Draft, replica_id: str) -> None:
@@ -155,13 +107,8 @@ def mark_read(d: Draft, replica_id: str) -> None:
 def rebuild(d: Draft) -> None:
     """The room sets recomputed from the replicas (initial state, Resync); the open version
     moves, so the shell publishes the open replicas again."""
-    room: dict[tuple[str, str, ServiceClass], set[str]] = {}
-    for replica in d.replicas.values():
-        for (kind, cls), fits in zip(_room_keys(replica), _room_flags(replica), strict=True):
-            if fits and kind:
-                for model in replica.models:
-                    room.setdefault((kind, model, cls), set()).add(replica.id)
-    d.room = immutables.Map({key: frozenset(ids) for key, ids in room.items()})
+    d.room = room.build(d.replicas.values())
+    d.stale.clear()
     d.open_version += 1
 
 
@@ -191,7 +138,9 @@ def choose_replica(view: View, turn: HeldTurn) -> Replica | None:
     replicas = view.replicas
     if turn.single_pass:
         ids = view.room_for(("s", turn.model, cls))
-        return min((replicas[rid] for rid in ids), key=_load_key) if ids else None
+        if not ids:
+            return None
+        return min((replicas[rid] for rid in view.room_ids(ids)), key=_load_key)
     # The KV rule holds new runs (and runs resident nowhere) until the held time runs out (the
     # turn sits in an "o" bucket then; one whose run became pinned meanwhile is back in "r").
     kv_rule = turn.bucket[0] != "o"
@@ -209,10 +158,11 @@ def choose_replica(view: View, turn: HeldTurn) -> Replica | None:
     ids = view.room_for(("o", turn.model, cls))
     if not ids:
         return None
-    if len(ids) == 1:
-        (only,) = ids
-        return replicas[only]
-    return min((replicas[rid] for rid in ids), key=lambda r: cost(view, turn, run, r))
+    if not ids & (ids - 1):  # one replica has room
+        return replicas[view.replica_ids[ids.bit_length() - 1]]
+    return min(
+        (replicas[rid] for rid in view.room_ids(ids)), key=lambda r: cost(view, turn, run, r)
+    )
 
 
 def _load_key(replica: Replica) -> tuple[float, int, str]:

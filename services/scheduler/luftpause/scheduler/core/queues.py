@@ -7,10 +7,14 @@ maps each caller with turns there to its oldest one, and is kept exact, so a dra
 without touching the queues. Entries behind the head that were placed, abandoned or moved stay in
 their queue until they reach its front (lazy deletion). A FIFO is two cons chains (front, reversed
 back): push and pop are O(1) amortised, and an older turn moved into a queue (rare) is inserted in
-arrival order in O(queue length).
+arrival order in O(queue length). `new_held_since` bounds when the turns held as new runs (in
+"m" buckets) arrived, so a tick knows without looking whether one has waited too long (`holds`).
 """
 
 from __future__ import annotations
+
+import math
+from itertools import repeat
 
 import immutables
 
@@ -47,7 +51,10 @@ def buckets_for_replica(view: View, replica_id: str) -> list[Bucket]:
     out: list[Bucket] = []
     for model in replica.models:
         out += [("r", replica_id, model), ("m", "", model), ("o", "", model)]
-        for rid in view.generative_by_model.get(model, ()):
+        serving = view.generative_by_model.get(model, ())
+        if len(serving) == view.healthy_count(model):
+            continue  # every replica of the model is healthy
+        for rid in serving:
             if rid != replica_id and not view.replicas[rid].healthy:
                 out.append(("r", rid, model))  # its pinned runs are free to move here
     return out
@@ -56,19 +63,27 @@ def buckets_for_replica(view: View, replica_id: str) -> list[Bucket]:
 def best_head(view: View, buckets: list[Bucket], cls: ServiceClass) -> str | None:
     """The held turn of `cls` a drain places next from `buckets`: of the queue heads in the
     buckets that fit, the one whose caller has the fewest turns in flight, then the oldest."""
-    best: str | None = None
-    best_n = best_seq = 0
-    in_flight = view.caller_in_flight
-    all_heads = view.heads
+    best: _Ranked | None = None
     for bucket in buckets:
-        heads = all_heads.get((bucket, cls))
-        if heads is None or not bucket_fits(view, bucket, cls):
-            continue
-        for caller, (seq, tid) in heads.items():
-            n = in_flight.get(caller, 0)
-            if best is None or n < best_n or (n == best_n and seq < best_seq):
-                best, best_n, best_seq = tid, n, seq
-    return best
+        heads = view.heads.get((bucket, cls))
+        if heads and bucket_fits(view, bucket, cls):
+            first = _first(heads, view.caller_in_flight)
+            if best is None or first < best:
+                best = first
+    return None if best is None else best[1][1]
+
+
+_Ranked = tuple[int, tuple[int, str]]
+
+
+def _first(
+    heads: immutables.Map[str, tuple[int, str]], in_flight: immutables.Map[str, int]
+) -> _Ranked:
+    """The head of `heads` whose caller has the fewest turns in flight, then the oldest, as
+    (turns in flight, (seq, turn id)). Compared in C: each caller's count looked up by `map`,
+    paired by `zip`, the least pair found by `min` (no two heads share a seq, so the turn ids
+    never decide)."""
+    return min(zip(map(in_flight.get, heads.keys(), repeat(0)), heads.values(), strict=True))
 
 
 def add(d: Draft, turn: HeldTurn) -> None:
@@ -117,6 +132,7 @@ def rebuild(d: Draft) -> None:
     d.queues = immutables.Map()
     d.heads = immutables.Map()
     d.held_by_run = immutables.Map()
+    d.new_held_since = math.inf
     for h in held:
         add(d, evolve(h, bucket=bucket_of(d, h.run_id, h.model, h.single_pass, h.overdue)))
     shares.rebuild(d)  # add() counted each held turn again on top of the old counts
@@ -126,6 +142,8 @@ def rebuild(d: Draft) -> None:
 
 
 def _push(d: Draft, turn: HeldTurn) -> None:
+    if turn.bucket[0] == "m" and turn.arrived_at < d.new_held_since:
+        d.new_held_since = turn.arrived_at
     key = (turn.bucket, turn.service_class, turn.caller)
     hkey = (turn.bucket, turn.service_class)
     callers = d.heads.get(hkey, _NONE)

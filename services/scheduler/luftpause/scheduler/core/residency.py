@@ -39,11 +39,11 @@ from luftpause.scheduler.core.model import (
     KV_MARGIN_BATCH,
     KV_MARGIN_INTERACTIVE,
     RESIDENCY_STEP_S,
+    Phase,
     Replica,
     Run,
-    evolve,
 )
-from luftpause.scheduler.core.placement import set_replica
+from luftpause.scheduler.core.placement import update_replica
 from luftpause.scheduler.core.state import Draft, View
 
 
@@ -82,13 +82,13 @@ def _with_resident(d: Draft, replica: Replica, resident: int) -> None:
         replica.new_interactive_fits,
     ):
         return
-    updated = evolve(
+    update_replica(
+        d,
         replica,
         resident_tokens=resident,
         new_batch_fits=batch,
         new_interactive_fits=interactive,
     )
-    set_replica(d, updated)
 
 
 def refresh(d: Draft, replica_id: str) -> None:
@@ -112,8 +112,7 @@ def set_footprint(d: Draft, run: Run, tokens: int, until: float = 0.0) -> Run:
     elif tokens != run.footprint:
         _with_resident(d, replica, replica.resident_tokens - run.footprint + tokens)
     if (tokens, until) != (run.footprint, run.resident_until):
-        run = evolve(run, footprint=tokens, resident_until=until)
-        d.runs = d.runs.set(run.id, run)
+        run = d.change_run(run, footprint=tokens, resident_until=until)
     if tokens and until > 0:
         _schedule(d, run.id, until)
     return run
@@ -160,16 +159,21 @@ def leave(d: Draft, run: Run) -> Run:
 
 
 def rebuild(d: Draft) -> None:
-    """Every replica's resident tokens and new-run flags, and the residency index, recomputed
-    from the runs."""
+    """Every replica's resident tokens and new-run flags, the residency index and the count of
+    idle resident runs (`State.idle_resident`, which `Draft.change_run` keeps), recomputed from
+    the runs."""
     totals: dict[str, int] = {}
+    idle = 0
     d.residency_checks = immutables.Map()
     d.residency_cursor = -1
     for run in d.runs.values():
+        if run.footprint and run.phase is Phase.IDLE:
+            idle += 1
         if run.footprint and run.replica:
             totals[run.replica] = totals.get(run.replica, 0) + run.footprint
             if run.resident_until > 0:
                 _schedule(d, run.id, run.resident_until)
+    d.idle_resident = idle
     for replica in list(d.replicas.values()):
         _with_resident(d, replica, totals.get(replica.id, 0))
 

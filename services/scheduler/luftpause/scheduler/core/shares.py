@@ -41,19 +41,32 @@ _NONE = ClassShare()
 def placed(d: Draft, turn: Turn | HeldTurn, at: float, delta: int) -> None:
     """A turn of the pool went in flight (+1) or ended (-1) at `at`."""
     if not turn.single_pass:
-        share = _advanced(d.shares.get(turn.model, _NONE), at)
-        _count(d, share, turn, "in_flight", delta)
+        share = _own(d, turn.model)
+        _advance(share, at)
+        share.__dict__[_FIELD[turn.service_class, "in_flight"]] += delta
 
 
 def held(d: Draft, turn: HeldTurn, delta: int) -> None:
     """A turn of the pool was held (+1) or left the queues (-1)."""
     if not turn.single_pass:
-        _count(d, d.shares.get(turn.model, _NONE), turn, "held", delta)
+        _own(d, turn.model).__dict__[_FIELD[turn.service_class, "held"]] += delta
 
 
-def _count(d: Draft, share: ClassShare, turn: Turn | HeldTurn, what: str, delta: int) -> None:
-    name = f"{turn.service_class}_{what}"  # e.g. interactive_held
-    d.shares = d.shares.set(turn.model, evolve(share, **{name: getattr(share, name) + delta}))
+_FIELD = {
+    (cls, what): f"{cls}_{what}"  # e.g. interactive_held
+    for cls in (ServiceClass.INTERACTIVE, ServiceClass.BATCH)
+    for what in ("in_flight", "held")
+}
+
+
+def _own(d: Draft, model: str) -> ClassShare:
+    """`model`'s share as stored in `d`, copied once per step (`Draft.adopt`): the step's
+    turns placed, ended, held and taken off the queues count into that one copy."""
+    share = d.shares.get(model)
+    if share is None or not d.owns(share):
+        share = d.adopt(evolve(share or _NONE))
+        d.shares = d.shares.set(model, share)
+    return share
 
 
 def past_share(view: View, model: str, at: float) -> bool:
@@ -124,3 +137,16 @@ def _advanced(share: ClassShare, at: float) -> ClassShare:
         interactive_s=share.interactive_s * keep + share.interactive_in_flight * gained,
         batch_s=share.batch_s * keep + share.batch_in_flight * gained,
     )
+
+
+def _advance(share: ClassShare, at: float) -> None:
+    """`_advanced`, in place, on a share the draft made (`_own`)."""
+    dt = at - share.at
+    if dt <= 0:
+        return
+    keep = math.exp(-dt / SHARE_TAU_S)
+    gained = SHARE_TAU_S * (1.0 - keep)
+    fields = share.__dict__
+    fields["interactive_s"] = share.interactive_s * keep + share.interactive_in_flight * gained
+    fields["batch_s"] = share.batch_s * keep + share.batch_in_flight * gained
+    fields["at"] = at

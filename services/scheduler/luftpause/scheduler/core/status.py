@@ -10,7 +10,7 @@ from typing import Any
 from luftpause.scheduler.core import shares, slots
 from luftpause.scheduler.core.budget_status import budgets_view
 from luftpause.scheduler.core.model import Phase, ServiceClass
-from luftpause.scheduler.core.placement import is_open
+from luftpause.scheduler.core.room import is_open
 from luftpause.scheduler.core.state import State
 
 _WAITS = {"r": "replica", "m": "new_run", "o": "room", "s": "single_pass"}
