@@ -224,7 +224,12 @@ def _admit(d: Draft, ev: Admit) -> Applied:
     d.next_seq += 1
     if gate.applies(d, held):
         return _admit_gated(d, held, ev.at)
-    replica = choose_replica(d, held)
+    # Turns of its bucket and class are held: none of them fit after the last step, and all of
+    # a bucket's turns of a class fit or none does (`placement.bucket_fits`), so neither does
+    # this one while the step has changed no replica (`Draft.stale`: nothing read the room
+    # sets yet, so every replica it stored is there).
+    queued = d.heads.get((held.bucket, held.service_class))
+    replica = choose_replica(d, held) if d.stale or d.opened or not queued else None
     if replica is None:
         queues.add(d, held)
         return [], []
