@@ -100,11 +100,14 @@ def command(argv: Sequence[str] | None = None) -> str:
 
 
 def provenance() -> dict[str, Any]:
-    """What produced a result: commit (dirty: the tree had uncommitted changes), command,
-    versions and machine."""
+    """What produced a result: commit (dirty: the tree had uncommitted changes outside
+    bench/results, which a run of several benchmarks writes as it goes), command, versions and
+    machine."""
     return {
         "commit": _git("rev-parse", "HEAD"),
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": bool(
+            _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
+        ),
         "command": command(),
         "versions": versions(),
         **machine(),

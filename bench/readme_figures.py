@@ -140,6 +140,80 @@ def model_line(name: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
+def _commit(data: dict[str, Any]) -> str:
+    return str(data["machine"].get("commit") or "?")[:7]
+
+
+def ran_on(data: dict[str, Any]) -> str:
+    """`commit 1a2b3c4`: what a result ran on, as the README says under its table."""
+    return f"commit {_commit(data)}"
+
+
+def _flood_medians(reps: list[dict[str, Any]]) -> dict[str, float]:
+    def med(cls: str, key: str) -> float:
+        return float(statistics.median(r[cls][key] for r in reps))
+
+    return {
+        "interactive": med("interactive", "runs_per_min"),
+        "p50": med("interactive", "run_time_p50_s"),
+        "batch": med("batch", "runs_per_min"),
+    }
+
+
+def best_router(results: dict[str, list[dict[str, Any]]]) -> str:
+    """The router arm with the most interactive runs/min (the flood's question), batch breaking
+    a tie: the peer at its best for what the table asks."""
+    routers = [a for a in results if a.startswith("router-")]
+    medians = {a: _flood_medians(results[a]) for a in routers}
+    return max(routers, key=lambda a: (medians[a]["interactive"], medians[a]["batch"]))
+
+
+def flood_row(label: str, original: str) -> Callable[[dict[str, Any]], str]:
+    """A row of the README's flood table: luftpause's medians against the best router arm's."""
+
+    def render(data: dict[str, Any]) -> str:
+        results = data["results"]
+        peer = best_router(results)
+        o, b = _flood_medians(results["luftpause"]), _flood_medians(results[peer])
+        change = 100.0 * (o["batch"] / b["batch"] - 1.0)
+        return (
+            f"| {label} | {peer.removeprefix('router-')} | {o['interactive']:.1f} against "
+            f"{b['interactive']:.1f} ({o['interactive'] / b['interactive']:.2f}x) | "
+            f"{o['p50']:.1f} against {b['p50']:.1f} s | {o['batch']:.0f} against "
+            f"{b['batch']:.0f} ({change:+.1f} %) | {original} |"
+        )
+
+    return render
+
+
+def overhead_row(label: str, arm: str) -> Callable[[dict[str, Any]], str]:
+    """A row of the README's overhead table: added time to first byte at 1 and 32 streams
+    (medians over the rounds) and streams/s at 32 clients."""
+
+    def render(data: dict[str, Any]) -> str:
+        results = data["results"]
+        cells = []
+        for c, digits in ((1, 2), (32, 1)):
+            added = results[f"c{c}_stream"].get("added_ms", {}).get(f"{arm}_ttfb_p50")
+            cells.append("-" if added is None else f"{added['median']:.{digits}f} ms")
+        rps = results["c32_stream"]["arms"][arm]["rps"]["median"]
+        version = data["machine"].get("versions", {}).get(label.split(" ")[0], "")
+        name = f"{label} {version}".strip() if arm in ("sglang-router", "litellm") else label
+        return f"| {name} | {cells[0]} | {cells[1]} | {rps:,.0f} |"
+
+    return render
+
+
+def core_line(data: dict[str, Any]) -> str:
+    """The decision core's events/s at 10,000 live runs, with room and saturated."""
+    rows = {(r["saturated"], r["runs"]): r for r in data["throughput"]}
+    room, full = rows[(False, 10_000)], rows[(True, 10_000)]
+    return (
+        f"{room['events_per_s']:,} events/s on engines with room, "
+        f"{full['events_per_s']:,} saturated"
+    )
+
+
 RATELIMIT_ROWS = (
     ("fixed window", "fixed-openai"),
     ("token bucket", "continuous-openai"),
@@ -194,6 +268,9 @@ FIGURES += [
     Figure(f"rate limits, {label}", "ratelimit_realtime.json", ratelimit_row(label, scenario))
     for label, scenario in RATELIMIT_ROWS
 ]
+FIGURES.append(
+    Figure("rate limits, the commit", "ratelimit_realtime.json", lambda d: f"Commit {_commit(d)}.")
+)
 """The README's figures, each with the result file it cites."""
 
 

@@ -10,8 +10,9 @@ a turn ends (half of them in tool calls), its run's next turn is admitted; every
 each replica is probed and the clock ticks. Writes bench/results/scheduler_core.json.
 
 `--against REF` measures the core of another commit (a git ref) beside this one: its tree is
-checked out into a temporary git worktree, and every trial runs in a fresh process, this
-tree's and the other's alternated, their order rotated from trial to trial (new, old, old, new,
+checked out into a temporary git worktree, and every trial runs in a fresh process (the
+trial's seed its hash seed, so both trees of a trial run the same workload), this tree's and the
+other's alternated, their order rotated from trial to trial (new, old, old, new,
 ...), so both see the same machine; each trial records the machine's load while it ran.
 """
 
@@ -114,6 +115,15 @@ class Workload:
 
 
 def measure(runs: int, events: int, seed: int, saturated: bool = True) -> dict[str, Any]:
+    # The collector as the scheduler process sets it (`luftpause.scheduler.collector`), where
+    # the tree measured has that module; older trees ran with Python's default.
+    try:
+        from luftpause.scheduler import collector
+    except ImportError:
+        tuned = False
+    else:
+        collector.tune()
+        tuned = True
     state = pool(saturated)
     work = Workload(runs, seed, saturated)
     for r in range(runs):  # fill: every run has a turn admitted
@@ -138,6 +148,7 @@ def measure(runs: int, events: int, seed: int, saturated: bool = True) -> dict[s
         "us_per_event": round(1e6 * elapsed / done, 2),
         "held_at_end": len(state.held),
         "in_flight_at_end": len(state.turns),
+        "collector": "scheduler's" if tuned else "default",
     }
 
 
@@ -163,7 +174,9 @@ def measure_in(tree: Path, runs: int, events: int, seed: int, saturated: bool) -
         "from bench.scheduler_core import measure; "
         f"print(json.dumps(measure({runs}, {events}, {seed}, {saturated})))"
     )
-    env = {**os.environ, "PYTHONPATH": import_path(tree)}
+    # The workload's classes come from `hash(run)`: the same hash seed gives both trees of a
+    # trial the same runs (a random one gave each process its own mix, one more spread).
+    env = {**os.environ, "PYTHONPATH": import_path(tree), "PYTHONHASHSEED": str(seed)}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tree, env=env, capture_output=True, text=True
     )

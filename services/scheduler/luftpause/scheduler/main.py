@@ -27,6 +27,7 @@ from luftpause.common import envargs, tracing
 from luftpause.common.config import ConfigError, load_config
 from luftpause.common.logs import setup_logging
 from luftpause.common.runner import StartupError, run_async
+from luftpause.scheduler import collector
 from luftpause.scheduler.core.events import Tick
 from luftpause.scheduler.core.model import DATAPLANE_GRACE_S, Rules
 from luftpause.scheduler.host import SchedulerHost
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"luftpause scheduler: {exc}")
         return 2
     tracing.setup("scheduler")
+    collector.tune()
     return run_async(
         lambda stop: serve(args, stop), signals=(signal.SIGINT, signal.SIGTERM), name="scheduler"
     )

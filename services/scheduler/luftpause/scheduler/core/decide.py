@@ -224,7 +224,12 @@ def _admit(d: Draft, ev: Admit) -> Applied:
     d.next_seq += 1
     if gate.applies(d, held):
         return _admit_gated(d, held, ev.at)
-    replica = choose_replica(d, held)
+    # Turns of its bucket and class are held: none of them fit after the last step, and all of
+    # a bucket's turns of a class fit or none does (`placement.bucket_fits`), so neither does
+    # this one while the step has changed no replica (`Draft.stale`: nothing read the room
+    # sets yet, so every replica it stored is there).
+    queued = d.heads.get((held.bucket, held.service_class))
+    replica = choose_replica(d, held) if d.stale or d.opened or not queued else None
     if replica is None:
         queues.add(d, held)
         return [], []
@@ -382,21 +387,42 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
     room elsewhere; those buckets join the drain, and interactive turns are looked for again
     (a batch placement can move an interactive turn of its run: a run whose class changed
     between turns).
+
+    Whether a model is past its share is asked once per drain: placing a turn moves it from
+    held to in flight, which leaves the sums it reads as they were. So the interactive heads
+    of models within their share are looked for first (the best of them goes whatever the
+    others hold); then the best batch head; then, only if no batch head fits, the best
+    interactive head of a model past its share. That is the order the share rule gives, with
+    no search of heads that could not go.
     """
     actions: list[Action] = []
-    pending = list(dict.fromkeys(buckets))
+    pending: list[Bucket] = []
+    within: list[Bucket] = []  # the pending buckets of models within their share
+    beyond: list[Bucket] = []  # and of models past it
+    past: dict[str, bool] = {}
     interactive = True  # an interactive head may still fit
-    while d.held:
-        # The best batch head is looked for only when it may go: no interactive head fits,
-        # or interactive is past its share.
-        best = queues.best_head(d, pending, _INTERACTIVE) if interactive else None
+    new = list(dict.fromkeys(buckets))
+    while True:
+        for b in new:
+            model = b[2]
+            over = past.get(model)
+            if over is None:
+                over = past[model] = shares.past_share(d, model, at)
+            (beyond if over else within).append(b)
+        pending += new
+        if not d.held:
+            break
+        best = queues.best_head(d, within, _INTERACTIVE) if interactive and within else None
         if best is None:
-            interactive = False
+            if not beyond:
+                interactive = False  # no interactive head fits
             best = queues.best_head(d, pending, _BATCH)
             if best is None:
-                break
-        elif shares.past_share(d, d.held[best].model, at):
-            best = _past_share(d, pending, at, queues.best_head(d, pending, _BATCH)) or best
+                if not interactive:
+                    break
+                best = queues.best_head(d, beyond, _INTERACTIVE)
+                if best is None:
+                    break
         turn = d.held[best]
         replica = choose_replica(d, turn)
         if replica is None:  # cannot happen while bucket_fits holds; never loop on it
@@ -407,20 +433,11 @@ def _drain(d: Draft, buckets: list[Bucket], at: float) -> list[Action]:
         d.settle()
         for rid in d.opened:
             moved += queues.buckets_for_replica(d, rid)
-        pending += [b for b in dict.fromkeys(moved) if b not in pending]
+        new = [b for b in dict.fromkeys(moved) if b not in pending]
         interactive = interactive or bool(moved)
         actions.append(_place_action(d, turn.id, replica, turn.service_class, at - turn.arrived_at))
         actions += taken
     return actions
-
-
-def _past_share(d: Draft, pending: list[Bucket], at: float, best_batch: str | None) -> str | None:
-    """When the best interactive head is of a model past its class's share: the best
-    interactive head of a model within it, else the best batch head `best_batch` (None:
-    neither fits)."""
-    within = [b for b in pending if not shares.past_share(d, b[2], at)]
-    best = queues.best_head(d, within, ServiceClass.INTERACTIVE) if within else None
-    return best or best_batch
 
 
 # --- turn ends and stamps ------------------------------------------------------------------
