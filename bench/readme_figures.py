@@ -197,8 +197,9 @@ def overhead_row(label: str, arm: str) -> Callable[[dict[str, Any]], str]:
             added = results[f"c{c}_stream"].get("added_ms", {}).get(f"{arm}_ttfb_p50")
             cells.append("-" if added is None else f"{added['median']:.{digits}f} ms")
         rps = results["c32_stream"]["arms"][arm]["rps"]["median"]
-        version = data["machine"].get("versions", {}).get(label.split(" ")[0], "")
-        name = f"{label} {version}".strip() if arm in ("sglang-router", "litellm") else label
+        # A peer's row names the version that ran (`bench.common.versions`).
+        version = data["machine"].get("versions", {}).get(arm, "")
+        name = f"{label} {version}".strip()
         return f"| {name} | {cells[0]} | {cells[1]} | {rps:,.0f} |"
 
     return render
@@ -271,6 +272,38 @@ FIGURES += [
 FIGURES.append(
     Figure("rate limits, the commit", "ratelimit_realtime.json", lambda d: f"Commit {_commit(d)}.")
 )
+FLOOD_ROWS = (
+    ("own loop, last turn without tools", "flood.json", "2.0x, -9 %"),
+    ("own loop, tools on every turn", "flood_keep_tools.json", "-"),
+    ("sub-agents over MCP", "flood_mcp.json", "2.7x, -1 %"),
+)
+FIGURES += [
+    Figure(f"flood, {label}", source, flood_row(label, original))
+    for label, source, original in FLOOD_ROWS
+]
+FIGURES.append(
+    Figure(
+        "flood, the commits",
+        "flood.json",
+        lambda d: (
+            "commit " + ", ".join(sorted({_commit(load(source)) for _, source, _ in FLOOD_ROWS}))
+        ),
+    )
+)
+OVERHEAD_ROWS = (
+    ("direct to the engine", "direct"),
+    ("luftpause dataplane", "dataplane"),
+    ("luftpause dataplane, asking the scheduler for every turn", "dataplane-ask"),
+    ("sglang-router", "sglang-router"),
+    ("LiteLLM proxy", "litellm"),
+)
+FIGURES += [
+    Figure(f"overhead, {label}", "overhead.json", overhead_row(label, arm))
+    for label, arm in OVERHEAD_ROWS
+]
+FIGURES.append(Figure("overhead, the commit", "overhead.json", ran_on))
+FIGURES.append(Figure("decision core", "scheduler_core.json", core_line))
+FIGURES.append(Figure("decision core, the commit", "scheduler_core.json", ran_on))
 """The README's figures, each with the result file it cites."""
 
 
