@@ -48,6 +48,8 @@ TEXTS = {
     "with_rules": "headroom",
     "reply_reserve": "0.5",
 }
+# Repeatable options whose values are not numbers: the items a variable lists.
+ITEMS = {"send_priority": ("interactive=0", "batch=100")}
 
 
 def sample(action: argparse.Action) -> tuple[str, Any]:
@@ -58,6 +60,9 @@ def sample(action: argparse.Action) -> tuple[str, Any]:
     if isinstance(action, argparse._StoreConstAction):
         return "yes", action.const
     if isinstance(action, argparse._AppendAction):
+        if action.dest in ITEMS and action.type is not None:
+            items = ITEMS[action.dest]
+            return ",".join(items), [*(action.default or []), *map(action.type, items)]  # type: ignore[arg-type]
         if action.type is not None:  # numbers, or what the type reads from numbers
             convert = action.type
             return "7,8", [*(action.default or []), convert("7"), convert("8")]  # type: ignore[operator]
