@@ -4,7 +4,9 @@
 delete_record, charge, set_status) under uvicorn. `engine`: the engine simulator, which answers
 /v1/chat/completions as the dataplane does, so a real `Llm` can drive runs through it (with
 tools offered it calls the first one `tool_rounds` times, then answers). `runtime_on`: a real
-`Runtime` over both, its journal under a directory the test owns. Every wait is bounded.
+`Runtime` over both, its journal under a directory the test owns. `plane`: a stand-in dataplane
+that answers every chat turn "done" at once and records what each request carried. Every wait
+is bounded.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import uvicorn
+from aiohttp import web
 
 from luftpause.runtime.journal.file import JournalFile, Store
 from luftpause.runtime.loop.llm import Llm
@@ -126,3 +130,53 @@ def closed_port() -> int:
     """A loopback port nothing listens on (just released by the OS)."""
     with socket.create_server(("127.0.0.1", 0)) as sock:
         return int(sock.getsockname()[1])
+
+
+@dataclass
+class Plane:
+    """A dataplane's chat completions and decide that answer at once and record each request's
+    headers (`turns`) and chat body (`bodies`)."""
+
+    url: str = ""
+    turns: list[dict[str, str]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    async def chat(self, request: web.Request) -> web.Response:
+        self.turns.append(dict(request.headers))
+        self.bodies.append(await request.json())
+        return web.json_response(
+            {
+                "id": "c1",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "sim",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "done"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
+
+    async def decide(self, request: web.Request) -> web.Response:
+        self.turns.append(dict(request.headers))
+        return web.json_response({"label": "yes", "probabilities": {"yes": 1.0}})
+
+
+@asynccontextmanager
+async def plane() -> AsyncIterator[Plane]:
+    fake = Plane()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake.chat)
+    app.router.add_post("/v1/decide", fake.decide)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()

@@ -13,7 +13,7 @@ import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ import httpx2
 import pytest
 import uvicorn
 import yaml
-from aiohttp import web
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult, TextContent
@@ -38,6 +37,7 @@ from luftpause.runtime.loop.runtime import Runtime
 from luftpause.runtime.loop.upstream import Upstreams
 from luftpause.runtime.server.app import build_server
 from luftpause.runtime.server.auth import SCOPE_KEY, BearerAuth, identity_of
+from tests.runtime.loopback import Plane, plane
 
 TOKEN = b"operator-token"
 ENTRIES: list[dict[str, Any]] = [
@@ -174,53 +174,6 @@ def test_the_identity_of_a_request_without_one_is_anyone() -> None:
 
 
 # --- the whole path over HTTP ---
-
-
-@dataclass
-class Plane:
-    """A dataplane's chat completions and decide that answer at once and record the headers."""
-
-    url: str = ""
-    turns: list[dict[str, str]] = field(default_factory=list)
-
-    async def chat(self, request: web.Request) -> web.Response:
-        self.turns.append(dict(request.headers))
-        return web.json_response(
-            {
-                "id": "c1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "sim",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "done"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            }
-        )
-
-    async def decide(self, request: web.Request) -> web.Response:
-        self.turns.append(dict(request.headers))
-        return web.json_response({"label": "yes", "probabilities": {"yes": 1.0}})
-
-
-@asynccontextmanager
-async def plane() -> AsyncIterator[Plane]:
-    fake = Plane()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake.chat)
-    app.router.add_post("/v1/decide", fake.decide)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        yield fake
-    finally:
-        await runner.cleanup()
 
 
 class _Uvicorn(uvicorn.Server):

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from luftpause.runtime.core.values import RunSpec
 from luftpause.runtime.loop.llm import DEFAULT_RETRY_AFTER, Llm, retry_after
 from luftpause.runtime.main import parse_args
+from tests.runtime.loopback import plane
 
 
 def test_retry_after_in_seconds_is_used_and_anything_else_falls_back_to_one_second() -> None:
@@ -25,44 +25,16 @@ def test_retry_after_in_seconds_is_used_and_anything_else_falls_back_to_one_seco
 
 async def _bodies_of_turns(priorities: dict[str, int], classes: list[str]) -> list[dict[str, Any]]:
     """The JSON bodies a real `Llm` sends for one turn of a run of each class in `classes`."""
-    seen: list[dict[str, Any]] = []
-
-    async def chat(request: web.Request) -> web.Response:
-        seen.append(await request.json())
-        return web.json_response(
-            {
-                "id": "chatcmpl-1",
-                "object": "chat.completion",
-                "created": 0,
-                "model": "sim",
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": "done"},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-            }
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    llm = Llm(f"http://127.0.0.1:{port}", timeout=10.0, priorities=priorities)
-    try:
-        for i, cls in enumerate(classes):
-            spec = RunSpec(handle=f"run-{i}", task="t", model="sim", service_class=cls)
-            turn = await llm.turn(spec, ({"role": "user", "content": "hi"},), [])
-            assert turn.content == "done"
-    finally:
-        await llm.close()
-        await runner.cleanup()
-    return seen
+    async with plane() as fake:
+        llm = Llm(fake.url, timeout=10.0, priorities=priorities)
+        try:
+            for i, cls in enumerate(classes):
+                spec = RunSpec(handle=f"run-{i}", task="t", model="sim", service_class=cls)
+                turn = await llm.turn(spec, ({"role": "user", "content": "hi"},), [])
+                assert turn.content == "done"
+        finally:
+            await llm.close()
+        return fake.bodies
 
 
 async def test_a_turn_carries_the_priority_of_its_runs_class_only_when_told() -> None:
