@@ -17,6 +17,10 @@ log.info("run.spawned", run="run-1")
 logging.getLogger("uvicorn.error").info("Started server process [%d]", 42)
 logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1:1/mcp 200 OK")
 logging.getLogger("httpx").warning("a warning from the HTTP client")
+try:
+    1 / 0
+except ZeroDivisionError:
+    logging.getLogger("uvicorn.error").exception("a failed request")
 """
 
 
@@ -34,6 +38,8 @@ def test_library_records_are_json_lines_and_the_per_request_lines_stay_out() -> 
         ("run.spawned", "runtime", "info"),
         ("Started server process [42]", "runtime", "info"),
         ("a warning from the HTTP client", "runtime", "warning"),
+        ("a failed request", "runtime", "error"),
     ]
+    assert "ZeroDivisionError" in lines[3]["exception"]  # the traceback as text, in the line
     assert lines[1]["logger"] == "uvicorn.error" and lines[2]["logger"] == "httpx"
     assert all("timestamp" in r for r in lines)

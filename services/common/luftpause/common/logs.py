@@ -70,7 +70,12 @@ def _route_stdlib(
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name, named],
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                named,
+                structlog.processors.format_exc_info,
+            ],
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         )
     )
