@@ -45,7 +45,7 @@ PRESENT = {
 ABSENT = {
     "scheduler": ("mcp", "openai", "luftpause.dataplane", "luftpause.runtime"),
     "dataplane": ("mcp", "openai", "luftpause.scheduler", "luftpause.runtime"),
-    "runtime": ("luftpause.rpc", "luftpause.scheduler", "luftpause.dataplane"),
+    "runtime": ("openai", "luftpause.rpc", "luftpause.scheduler", "luftpause.dataplane"),
 }
 NOWHERE = ("luftpause.testkit", "luftpause.cli", "luftpause.up")
 

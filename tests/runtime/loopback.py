@@ -134,16 +134,25 @@ def closed_port() -> int:
 
 @dataclass
 class Plane:
-    """A dataplane's chat completions and decide that answer at once and record each request's
-    headers (`turns`) and chat body (`bodies`)."""
+    """A dataplane's chat completions, models and decide that answer at once and record each
+    request's headers (`turns`) and chat body (`bodies`). A chat request takes the first of
+    `answers` while there are any, (status, body: JSON or raw text, headers), else a completion
+    that says "done"; GET /v1/models lists `models`."""
 
     url: str = ""
     turns: list[dict[str, str]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[tuple[int, Any, dict[str, str]]] = field(default_factory=list)
+    models: list[dict[str, Any]] = field(default_factory=list)
 
     async def chat(self, request: web.Request) -> web.Response:
         self.turns.append(dict(request.headers))
         self.bodies.append(await request.json())
+        if self.answers:
+            status, body, headers = self.answers.pop(0)
+            if isinstance(body, str):
+                return web.Response(status=status, text=body, headers=headers)
+            return web.json_response(body, status=status, headers=headers)
         return web.json_response(
             {
                 "id": "c1",
@@ -165,6 +174,9 @@ class Plane:
         self.turns.append(dict(request.headers))
         return web.json_response({"label": "yes", "probabilities": {"yes": 1.0}})
 
+    async def list_models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": self.models})
+
 
 @asynccontextmanager
 async def plane() -> AsyncIterator[Plane]:
@@ -172,6 +184,7 @@ async def plane() -> AsyncIterator[Plane]:
     app = web.Application()
     app.router.add_post("/v1/chat/completions", fake.chat)
     app.router.add_post("/v1/decide", fake.decide)
+    app.router.add_get("/v1/models", fake.list_models)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()

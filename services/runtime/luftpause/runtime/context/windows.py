@@ -20,7 +20,6 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-import openai
 import structlog
 
 from luftpause.runtime.core import compaction
@@ -86,8 +85,8 @@ class Windows:
     async def _list(llm: Llm) -> dict[str, int | None]:
         try:
             async with asyncio.timeout(LIST_TIMEOUT):
-                page = await llm.client.models.list()
-        except (openai.APIError, TimeoutError) as exc:
+                entries = await llm.models()
+        except (LookupError, TimeoutError) as exc:
             log.info("context.models_unlisted", error=f"{type(exc).__name__}: {exc}")
             return {}
-        return {entry.id: compaction.model_window(entry.model_dump()) for entry in page.data}
+        return {str(entry.get("id")): compaction.model_window(entry) for entry in entries}

@@ -1,9 +1,15 @@
-"""Model turns through the dataplane with the official `openai` client, and their retries;
-decisions through the dataplane's POST /v1/decide.
+"""Model turns through the dataplane's OpenAI-compatible POST /v1/chat/completions, and their
+retries; the models it lists; decisions through its POST /v1/decide.
 
-Shell module (network I/O). A turn's time (`--turn-timeout`, 600 s) is the whole of it: every
+Shell module (network I/O), one aiohttp session for all of it. A turn is a plain JSON POST read
+back as JSON, not a call of the `openai` client: the runtime is the dataplane's busiest client
+under a fleet of sub-agents, and the client's request building (a walk over every message of
+the history), its pydantic reply and its connection pool (which checks every idle connection
+before each request) took four tenths of the runtime's CPU (py-spy, bench.flood_mcp). A turn's
+time (`--turn-timeout`, 600 s) is the whole of it: every
 try, the waits between them and the queueing at the dataplane. A 429 is retried after its
-Retry-After (else 1 s) and any other failure up to 3 times with backoff, while the turn's time
+Retry-After (else 1 s) and any other failure (a connection that failed, a 5xx or other error
+status, a reply that is not a chat completion) up to 3 times with backoff, while the turn's time
 lasts; a wait that would end past it is not begun. Then the last failure is raised as
 `TurnError` and the run fails with it. With tracing on, each
 request is a `chat` span (`spans`) whose traceparent goes to the dataplane. A run that belongs
@@ -25,13 +31,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import aiohttp
-import openai
 import structlog
-from openai import AsyncOpenAI
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
@@ -59,18 +63,30 @@ def retry_after(headers: Mapping[str, str] | None) -> float:
         return DEFAULT_RETRY_AFTER
 
 
-def context_overflow(exc: openai.APIError) -> ContextOverflow | None:
+class Refused(Exception):
+    """The dataplane answered a turn with an error status: `status`, its headers and body."""
+
+    def __init__(self, status: int, headers: Mapping[str, str], text: str) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = _json(text)
+        self.text = text
+        super().__init__(_message(self.body, text))
+
+
+class Unreadable(Exception):
+    """A 200 whose body is not a chat completion with a choice."""
+
+
+def context_overflow(exc: Refused) -> ContextOverflow | None:
     """The engine's `context_length_exceeded` (or its like, `compaction.overflow`), if it is."""
-    if not isinstance(exc, openai.APIStatusError):
-        return None
-    body = exc.body if exc.body is not None else exc.message
-    found, window = compaction.overflow(exc.status_code, body)
-    message = f"{ContextOverflow.code}: {type(exc).__name__}: {exc}"
+    found, window = compaction.overflow(exc.status, exc.body if exc.body is not None else exc.text)
+    message = f"{ContextOverflow.code}: {_name(exc)}: {exc}"
     return ContextOverflow(message, window=window) if found else None
 
 
 class Llm:
-    """One OpenAI client for the dataplane, shared by every run."""
+    """One HTTP session to the dataplane, shared by every run."""
 
     def __init__(
         self,
@@ -87,17 +103,10 @@ class Llm:
         # The engine `priority` a turn's body carries, by its run's class (`--send-priority`).
         self.priorities = dict(priorities or {})
         # The runtime's service key, else LUFTPAUSE_TOKEN: the bearer it sends the dataplane.
-        self.client = AsyncOpenAI(
-            base_url=f"{self.dataplane}/v1",
-            api_key=token or "luftpause",
-            max_retries=0,
-            timeout=timeout,
-        )
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
-        await self.client.close()
         if self._http is not None:
             await self._http.close()
 
@@ -123,23 +132,34 @@ class Llm:
                     return await self._once(spec, messages, tools, calls, started, left)
                 with spans.chat(spec) as span:
                     return await self._once(spec, messages, tools, calls, started, left, span)
-            except openai.RateLimitError as exc:
-                delay = retry_after(exc.response.headers)
-                _wait_fits(deadline, delay, self.timeout, tries, exc)
-                log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
-                await asyncio.sleep(delay)
-            except openai.APIError as exc:
+            except Refused as exc:
+                if exc.status == 429:
+                    delay = retry_after(exc.headers)
+                    _wait_fits(deadline, delay, self.timeout, tries, exc)
+                    log.info("turn.rate_limited", run=spec.handle, retry_in=delay)
+                    await asyncio.sleep(delay)
+                    continue
                 overflow = context_overflow(exc)
                 if overflow is not None:  # the same prompt would fail again: no retry
                     raise overflow from exc
-                failures += 1
-                message = f"{type(exc).__name__}: {exc}"
-                if failures > RETRIES:
-                    raise TurnError(message) from exc
-                delay = BACKOFF * 2 ** (failures - 1)
-                _wait_fits(deadline, delay, self.timeout, tries, exc)
-                log.warning("turn.retry", run=spec.handle, failures=failures, error=message)
-                await asyncio.sleep(delay)
+                failures = await self._retry(spec, failures, deadline, tries, exc)
+            except (aiohttp.ClientError, TimeoutError, Unreadable) as exc:
+                failures = await self._retry(spec, failures, deadline, tries, exc)
+
+    async def _retry(
+        self, spec: RunSpec, failures: int, deadline: float, tries: int, exc: Exception
+    ) -> int:
+        """Wait before the next try after a failure (`TurnError` once there is none); the
+        failures counted so far."""
+        failures += 1
+        message = f"{_name(exc)}: {exc}"
+        if failures > RETRIES:
+            raise TurnError(message) from exc
+        delay = BACKOFF * 2 ** (failures - 1)
+        _wait_fits(deadline, delay, self.timeout, tries, exc)
+        log.warning("turn.retry", run=spec.handle, failures=failures, error=message)
+        await asyncio.sleep(delay)
+        return failures
 
     async def _once(
         self,
@@ -159,7 +179,7 @@ class Llm:
         if spec.max_tokens:
             extra["max_tokens"] = spec.max_tokens
         if spec.service_class in self.priorities:
-            extra["extra_body"] = {"priority": self.priorities[spec.service_class]}
+            extra["priority"] = self.priorities[spec.service_class]
         headers = {
             "x-luftpause-run-id": spec.handle,
             "x-luftpause-class": spec.service_class,
@@ -167,47 +187,81 @@ class Llm:
         }
         if spec.key:
             headers[ON_BEHALF_OF_HEADER] = spec.key
-        reply = await self.client.chat.completions.create(
-            model=spec.model,
-            messages=list(messages),  # type: ignore[arg-type]
-            extra_headers=headers if span is None else spans.chat_headers(span, headers),
-            timeout=timeout,
-            **extra,
-        )
-        if not reply.choices:
-            raise TurnError("the model returned no choices", retryable=True)
-        message = reply.choices[0].message
-        calls = tuple(
-            ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
-            for c in message.tool_calls or []
-            if c.type == "function" and allow_calls
-        )
-        content = message.content
+        body: dict[str, Any] = {"model": spec.model, "messages": messages, **extra}
+        if span is not None:
+            headers = spans.chat_headers(span, headers)
+        reply = await self._post_turn(body, headers, timeout)
+        message = reply["choices"][0].get("message") or {}
+        calls = tuple(_tool_calls(message)) if allow_calls else ()
+        content = message.get("content")
+        if not isinstance(content, str):
+            content = None
         if not calls and tools and allow_calls:
             names = frozenset(t["function"]["name"] for t in tools)
             text_calls = recover_text_calls(content, names)
             calls = tuple(
-                ToolCall(id=f"call_{reply.id}_{i}", name=name, arguments=args)
+                ToolCall(id=f"call_{reply.get('id')}_{i}", name=name, arguments=args)
                 for i, (name, args) in enumerate(text_calls)
             )
             if calls:
                 content = None
-        details = reply.usage.prompt_tokens_details if reply.usage else None
+        counts = reply.get("usage") or {}
+        details = counts.get("prompt_tokens_details") or {}
         usage = Usage(
             turns=1,
-            prompt_tokens=reply.usage.prompt_tokens if reply.usage else 0,
-            cached_prompt_tokens=(details.cached_tokens or 0) if details else 0,
-            completion_tokens=reply.usage.completion_tokens if reply.usage else 0,
+            prompt_tokens=_count(counts, "prompt_tokens"),
+            cached_prompt_tokens=_count(details, "cached_tokens"),
+            completion_tokens=_count(counts, "completion_tokens"),
             turn_seconds=time.monotonic() - started,
         )
         if span is not None:
             spans.chat_reply(span, reply, usage)
         return TurnCompleted(content=content, tool_calls=calls, usage=usage)
 
+    async def _post_turn(
+        self, body: dict[str, Any], headers: dict[str, str], timeout: float
+    ) -> dict[str, Any]:
+        """POST the turn; its reply, a chat completion with at least one choice (`Refused` for
+        an error status, `Unreadable` for anything else)."""
+        url = f"{self.dataplane}/v1/chat/completions"
+        post = self._session().post(
+            url, data=_dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+        )
+        async with post as resp:
+            text = await resp.text()
+            if resp.status >= 400:
+                raise Refused(resp.status, resp.headers, text)
+        reply = _json(text)
+        choices = reply.get("choices") if isinstance(reply, dict) else None
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            if isinstance(reply, dict) and choices == []:
+                raise Unreadable("the model returned no choices")
+            raise Unreadable(f"not a chat completion ({resp.status}): {text[:200]}")
+        return reply
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The entries of the dataplane's GET /v1/models (`LookupError` when it cannot say)."""
+        try:
+            get = self._session().get(
+                f"{self.dataplane}/v1/models", timeout=aiohttp.ClientTimeout(total=10)
+            )
+            async with get as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise LookupError(f"{_name(exc)}: {exc}") from exc
+        doc = _json(text)
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if resp.status != 200 or not isinstance(data, list):
+            raise LookupError(f"models not listed ({resp.status}): {_message(doc, text)}")
+        return [entry for entry in data if isinstance(entry, dict)]
+
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None:
+            # No cap on connections (aiohttp's default is 100): every run in a turn holds one.
             self._http = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.timeout), headers=self._headers
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                headers=self._headers,
             )
         return self._http
 
@@ -274,3 +328,33 @@ def _message(doc: Any, text: str) -> str:
     if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
         return str(doc["error"].get("message", text[:200]))
     return text[:200]
+
+
+def _name(exc: BaseException) -> str:
+    """What a failure is called in a run's error: the HTTP status for an error answer."""
+    return f"HTTP {exc.status}" if isinstance(exc, Refused) else type(exc).__name__
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _count(doc: Any, key: str) -> int:
+    value = doc.get(key) if isinstance(doc, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _tool_calls(message: dict[str, Any]) -> Iterator[ToolCall]:
+    """The function calls of a reply's message, as the runtime runs them."""
+    for call in message.get("tool_calls") or ():
+        if not isinstance(call, dict) or call.get("type", "function") != "function":
+            continue
+        function = call.get("function")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        arguments = function.get("arguments")
+        yield ToolCall(
+            id=str(call.get("id") or ""),
+            name=function["name"],
+            arguments=arguments if isinstance(arguments, str) and arguments else "{}",
+        )

@@ -41,7 +41,6 @@ from luftpause.runtime.core import machine as m
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import Context as McpContext
-    from openai.types.chat import ChatCompletion
 
 
 SCOPE = "luftpause.runtime"
@@ -146,15 +145,16 @@ def chat_headers(span: Span, headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-def chat_reply(span: Span, reply: ChatCompletion, usage: m.Usage) -> None:
-    """What the model answered, on the chat span."""
+def chat_reply(span: Span, reply: Mapping[str, Any], usage: m.Usage) -> None:
+    """What the model answered (a chat completion's JSON), on the chat span."""
     if not span.is_recording():
         return
-    reasons = [c.finish_reason for c in reply.choices if c.finish_reason]
+    choices = reply.get("choices") or []
+    reasons = [str(c["finish_reason"]) for c in choices if c.get("finish_reason")]
     span.set_attributes(
         {
-            tracing.GEN_AI_RESPONSE_ID: reply.id,
-            tracing.GEN_AI_RESPONSE_MODEL: reply.model,
+            tracing.GEN_AI_RESPONSE_ID: str(reply.get("id") or ""),
+            tracing.GEN_AI_RESPONSE_MODEL: str(reply.get("model") or ""),
             tracing.GEN_AI_RESPONSE_FINISH_REASONS: reasons,
             tracing.GEN_AI_USAGE_INPUT_TOKENS: usage.prompt_tokens,
             tracing.GEN_AI_USAGE_OUTPUT_TOKENS: usage.completion_tokens,
