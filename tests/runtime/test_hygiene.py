@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+import pytest
+
+from luftpause.runtime.core import hygiene
 from luftpause.runtime.core.hygiene import check_arguments, recover_text_calls
 
 SCHEMA = {
@@ -28,6 +35,52 @@ def test_text_that_is_not_a_json_object_is_rejected() -> None:
     assert check_arguments("query=x", SCHEMA)[0] is None
     assert check_arguments("[1]", SCHEMA)[0] is None
     assert check_arguments("", {"type": "object"}) == ({}, "")
+
+
+def _validate_says(args: dict[str, Any], schema: dict[str, Any]) -> str | None:
+    """What `jsonschema.validate` (which checks the schema on every call) says of `args`."""
+    try:
+        jsonschema.validate(args, schema)
+    except jsonschema.ValidationError as exc:
+        return str(exc.message)
+    return None
+
+
+@pytest.mark.parametrize(
+    "args",
+    [{"query": "a"}, {"depth": 9}, {"query": ["a"], "depth": 9}, {"query": "a", "depth": 6}, {}],
+)
+def test_the_compiled_validator_says_what_jsonschema_validate_says(
+    args: dict[str, Any],
+) -> None:
+    raw = json.dumps(args)
+    for _ in range(2):  # compiled on the first call, reused on the second
+        fits, why = check_arguments(raw, SCHEMA)
+        expected = _validate_says(args, SCHEMA)
+        assert (fits is None) == (expected is not None)
+        if expected is not None:
+            assert why.startswith(f"invalid arguments ({expected}); expected ")
+
+
+def test_a_broken_schema_lets_the_tool_judge_and_the_kept_validators_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    broken = {"type": "object", "properties": {"q": {"type": 12}}}
+    assert check_arguments('{"q": 1}', broken) == ({"q": 1}, "")
+    monkeypatch.setattr(hygiene, "_validators", {})
+    monkeypatch.setattr(hygiene, "VALIDATORS_KEPT", 3)
+    for i in range(5):
+        schema = {"type": "object", "properties": {"q": {"type": "integer", "maximum": i}}}
+        fits, _ = check_arguments('{"q": 3}', schema)
+        assert (fits is not None) == (i >= 3)
+    assert len(hygiene._validators) == 3
+    # an equal schema written in another key order is the same validator
+    a = {"type": "object", "required": ["q"], "properties": {"q": {"type": "string"}}}
+    b = {"properties": {"q": {"type": "string"}}, "required": ["q"], "type": "object"}
+    check_arguments('{"q": "x"}', a)
+    kept = len(hygiene._validators)
+    check_arguments('{"q": "x"}', b)
+    assert len(hygiene._validators) == kept
 
 
 NAMES = frozenset({"lookup", "deep_search"})

@@ -125,3 +125,17 @@ def test_a_model_keeps_only_its_recent_samples() -> None:
         ledger.feed(spawned(f"r{i}"))
         ledger.feed(round_(f"r{i}", 1, 100 * i))
     assert ledger.stats("sim").first_prompt == Spread.of([600, 700, 800, 900])
+
+
+def test_statistics_are_computed_once_until_a_new_sample_of_their_model_arrives() -> None:
+    ledger = Ledger()
+    for r in (spawned("a", "one"), round_("a", 1, 100), spawned("b", "two"), round_("b", 1, 900)):
+        ledger.feed(r)
+    first = ledger.stats("one")
+    assert ledger.stats("one") is first  # nothing new: the same statistics
+    ledger.feed(round_("b", 2, 1000))  # another model's sample
+    assert ledger.stats("one") is first
+    ledger.feed(round_("a", 2, 160))
+    again = ledger.stats("one")
+    assert again is not first and again.growth == Spread(n=1, mean=60.0, sd=0.0)
+    assert ledger.stats("two").growth.mean == 100.0

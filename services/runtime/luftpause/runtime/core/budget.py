@@ -130,13 +130,15 @@ def over(limit: Mapping[str, float], use: Mapping[str, float]) -> m.Exceeded | N
 
 def check(runs: Mapping[str, HasState], handle: str, now: float) -> list[tuple[str, m.Exceeded]]:
     """Every budgeted run at or above `handle` whose budget is newly past: (run, what)."""
-    kids = children(runs)
+    kids: dict[str, list[str]] | None = None  # every run is looked at only if one has a budget
     out = []
     for h in ancestors(runs, handle):
         state = runs[h].state
         limit = limits(state.spec)
         if not limit or state.exceeded is not None:
             continue
+        if kids is None:
+            kids = children(runs)
         exceeded = over(limit, used(runs, h, now, kids))
         if exceeded is not None:
             out.append((h, exceeded))

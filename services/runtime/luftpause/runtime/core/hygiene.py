@@ -3,7 +3,10 @@
 Pure module: no I/O. Scalars the model wrote as the wrong type ("3" for an integer, "true"
 for a boolean) are coerced to the schema's type; the result is validated with `jsonschema`;
 a call that still does not fit is rejected back to the model with the expected shape, so its
-next turn can fix it instead of the tool failing obscurely. Calls a model wrote as text instead
+next turn can fix it instead of the tool failing obscurely. A schema is checked against its
+meta-schema and compiled into a validator once (kept by its canonical JSON, the last
+`VALIDATORS_KEPT` schemas): `jsonschema.validate` does both on every call, which was most of
+what checking a call cost. Calls a model wrote as text instead
 of structured tool calls (`<tool_call>name {...}</tool_call>` tags, or a reply that is a bare
 `{"name": ..., "arguments": ...}` object naming an offered tool) are recovered as calls.
 """
@@ -15,6 +18,10 @@ import re
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
+
+VALIDATORS_KEPT = 512
+# Canonical JSON of a schema -> its validator, or None for a schema that is itself invalid.
+_validators: dict[str, Any] = {}
 
 
 def _coerce(value: Any, schema: dict[str, Any]) -> Any:
@@ -57,13 +64,30 @@ def check_arguments(raw: str, schema: dict[str, Any]) -> tuple[dict[str, Any] | 
         return None, f"arguments must be a JSON object like {shape(schema)}"
     props = schema.get("properties") or {}
     args = {k: _coerce(v, props.get(k) or {}) for k, v in args.items()}
-    try:
-        jsonschema.validate(args, schema)
-    except jsonschema.ValidationError as exc:
-        return None, f"invalid arguments ({exc.message}); expected {shape(schema)}"
-    except jsonschema.SchemaError:
+    validator = _validator(schema)
+    if validator is None:
         return args, ""  # the tool's own schema is broken; let the tool judge
+    error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+    if error is not None:  # the error `jsonschema.validate` would raise
+        return None, f"invalid arguments ({error.message}); expected {shape(schema)}"
     return args, ""
+
+
+def _validator(schema: dict[str, Any]) -> Any:
+    """The validator of `schema` (None if the schema is invalid), compiled once."""
+    key = json.dumps(schema, sort_keys=True, default=repr)
+    if key in _validators:
+        return _validators[key]
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+        validator = cls(schema)
+    except jsonschema.SchemaError:
+        validator = None
+    if len(_validators) >= VALIDATORS_KEPT:
+        del _validators[next(iter(_validators))]
+    _validators[key] = validator
+    return validator
 
 
 _TAG = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)

@@ -120,6 +120,8 @@ class Ledger:
         self._runs: dict[str, tuple[str, Price | None]] = {}
         self._histories: dict[str, History] = {}
         self._compacted: set[str] = set()
+        # A model's statistics as last computed, until a sample of it is added (`_samples`).
+        self._stats: dict[str, ModelStats] = {}
 
     def feed(self, record: Mapping[str, Any]) -> list[Spent]:
         """Learn from one record; what the turns it adds cost (runs with a price only)."""
@@ -155,10 +157,14 @@ class Ledger:
         return self._histories.get(handle, History())
 
     def stats(self, model: str) -> ModelStats:
+        known = self._stats.get(model)
+        if known is not None:
+            return known
         samples = self._models.get(model)
         if samples is None:
             return ModelStats()
-        return ModelStats(**{q: Spread.of(samples[q]) for q in _QUANTITIES})
+        known = self._stats[model] = ModelStats(**{q: Spread.of(samples[q]) for q in _QUANTITIES})
+        return known
 
     # --- folding ---
 
@@ -174,6 +180,8 @@ class Ledger:
         self._histories[handle] = History()
 
     def _samples(self, model: str) -> dict[str, deque[float]]:
+        """The model's samples, to add to: its statistics are computed again when next asked."""
+        self._stats.pop(model, None)
         if model not in self._models:
             self._models[model] = {q: deque(maxlen=self._window) for q in _QUANTITIES}
         return self._models[model]
