@@ -147,6 +147,8 @@ class Plane:
 
     async def chat(self, request: web.Request) -> web.Response:
         self.turns.append(dict(request.headers))
+        if request.content_type != "application/json":  # as sglang-router refuses it
+            return web.json_response({"error": {"message": "not JSON"}}, status=400)
         self.bodies.append(await request.json())
         if self.answers:
             status, body, headers = self.answers.pop(0)

@@ -83,6 +83,8 @@ async def test_a_reply_gives_its_tool_calls_and_its_usage_with_cached_tokens() -
     assert fake.bodies[0]["tools"] == LOOKUP and "tool_choice" not in fake.bodies[0]
     assert fake.bodies[1]["tool_choice"] == "none"
     assert told_none.content == "done" and told_none.tool_calls == ()
+    # as JSON, which a router in front of the engines may insist on (sglang-router does)
+    assert fake.turns[0]["Content-Type"] == "application/json"
     assert fake.turns[0]["x-luftpause-run-id"] == "run-1"
     assert fake.turns[0]["x-luftpause-class"] == "interactive"
 

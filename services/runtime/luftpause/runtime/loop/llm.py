@@ -225,7 +225,10 @@ class Llm:
         an error status, `Unreadable` for anything else)."""
         url = f"{self.dataplane}/v1/chat/completions"
         post = self._session().post(
-            url, data=_dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
+            url,
+            data=_dumps(body),
+            headers={**headers, "Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
         )
         async with post as resp:
             text = await resp.text()
