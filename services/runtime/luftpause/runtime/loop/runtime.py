@@ -1,11 +1,11 @@
-"""The runs of one runtime process: spawn, drive, await, cancel, and resume after a restart.
+"""The runs of one runtime process: spawn, await, cancel, and resume after a restart.
 
 Shell module: asyncio tasks, the journal (`journal.file`, or `journal.postgres`), the model
-(`llm`) and the tool servers (`upstream`). Each run is one task that asks the pure state machine
-(`core.machine`) what to do next, does it, and feeds the outcome back; every decision to journal
-is written (and fsync'd) before the next step. Stopping the process cancels the tasks without
-journaling anything, so the runs resume from the journal on the next start; `cancel` is a user's
-decision and is journaled as the run's end.
+(`llm`) and the tool servers (`upstream`). Each run is one task (`driver`) that asks the pure
+state machine (`core.machine`) what to do next, does it, and feeds the outcome back; every
+decision to journal is written (and fsync'd) before the next step. Stopping the process cancels
+the tasks without journaling anything, so the runs resume from the journal on the next start;
+`cancel` is a user's decision and is journaled as the run's end.
 
 What the loop hands to its neighbours, each knowing it only through the callbacks it is built
 with (step a run and journal the step, cancel a subtree):
@@ -44,11 +44,10 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import structlog
-from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from luftpause.common import tracing
@@ -57,13 +56,13 @@ from luftpause.runtime.core import budget, forks, journal, retention
 from luftpause.runtime.core import machine as m
 from luftpause.runtime.core.errors import JournalUnwritable, RequestError
 from luftpause.runtime.journal.file import Store
-from luftpause.runtime.journal.postgres import LeaseLost
 from luftpause.runtime.loop import spans
+from luftpause.runtime.loop.driver import Driver, Run, Steps
 from luftpause.runtime.loop.llm import Llm
 from luftpause.runtime.loop.rounds import Rounds
 from luftpause.runtime.loop.toolcalls import ToolCaller
-from luftpause.runtime.loop.upstream import TOOL_TIMEOUT, Upstreams, UpstreamTool
-from luftpause.runtime.people.approvals import Approval, Approvals
+from luftpause.runtime.loop.upstream import TOOL_TIMEOUT, Upstreams
+from luftpause.runtime.people.approvals import Approvals
 from luftpause.runtime.people.question_gate import Questions
 from luftpause.runtime.plans.budget_guard import BudgetGuard
 from luftpause.runtime.plans.planner import Planner
@@ -76,23 +75,6 @@ _SEEN_OVER = 10.0  # seconds a cancel done elsewhere waits for its end to reach 
 Remote = Callable[[str, str, dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
 
 log = structlog.get_logger(service="runtime")
-
-
-@dataclass(eq=False)
-class Run:
-    """A run's live state: the machine's state plus the task driving it."""
-
-    state: m.RunState
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task[None] | None = None
-    cancel_reason: str | None = None
-    approval: Approval | None = None
-    # One question at a time: calls of a round settle concurrently and may ask again.
-    asking: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # With tracing on, the run's `invoke_agent` span (`spans`), ended when its task ends.
-    span: Span | None = None
-    # Driven by this process; False: another replica drives it and this is its view.
-    here: bool = True
 
 
 class Runtime:
@@ -124,24 +106,27 @@ class Runtime:
         # (the journal is written through the planner, which sees each record go by).
         self.planner = Planner() if planner is None else planner
         self.journal = self.planner.observed(journal_file, self.metrics.spent)
-        self._background: set[asyncio.Task[Any]] = set()
-        self._stopping = False
-        self.approvals: Approvals[Run] = Approvals(self.runs, self._apply, clock)
+        self.steps = Steps(self.journal, llm, self.wall, self.metrics)
+        apply = self.steps.apply
+        self.stale: set[str] = set()  # runs stopped here by a lost lease, state to re-read
+        self.approvals: Approvals[Run] = Approvals(self.runs, apply, clock)
         self.budgets: BudgetGuard[Run] = BudgetGuard(
             self.runs,
-            apply=self._apply,
+            apply=apply,
             cancel=self.cancel,
             background=self._background_task,
             planner=self.planner,
             metrics=self.metrics,
             clock=clock,
         )
-        self.rounds: Rounds[Run] = Rounds(caller, self.metrics, self._apply, self.approvals.ask)
+        self.rounds: Rounds[Run] = Rounds(caller, self.metrics, apply, self.approvals.ask)
+        self.driver = Driver(
+            self.steps, self.rounds, self.budgets, upstreams, clock=clock, stale=self.stale
+        )
         self.remote: Remote | None = None  # set on a shared journal (`fleet`)
         # Catches the views up with the shared journal (`fleet`): a handle spawned elsewhere a
         # moment ago is known once it returns.
         self.sync: Callable[[], Coroutine[Any, Any, None]] | None = None
-        self.stale: set[str] = set()  # runs stopped here by a lost lease, state to re-read
         self.beginning: set[str] = set()  # runs whose first record is being journaled here
 
     # --- lifecycle ---
@@ -275,7 +260,7 @@ class Runtime:
             return False
         if tracing.enabled():
             run.span = spans.resume_run(run.state.spec)
-        self._start(run)
+        self.driver.start(run)
         return True
 
     async def adopt(self, record: dict[str, Any]) -> list[str]:
@@ -304,10 +289,10 @@ class Runtime:
         """Cancel every task without journaling: the runs resume on the next start. First, for
         up to `grace` seconds, tool calls already sent may return and be journaled (nothing new
         is sent and no turn begins meanwhile), so a stop does not leave their outcome unknown."""
-        self._stopping = True
+        self.driver.stopping = True
         await self.rounds.drain(grace)
         tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
-        tasks += [*self.budgets.timers(), *self._background]
+        tasks += [*self.budgets.timers(), *self.driver.background]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -349,7 +334,7 @@ class Runtime:
             raise
         run = Run(state=m.start(spec), span=span)
         self.runs[spec.handle] = run
-        self._start(run)
+        self.driver.start(run)
         self.budgets.start_timer(run)
         self.metrics.spawned(spec.service_class)
         log.info("run.spawned", run=spec.handle, parent=spec.parent)
@@ -443,28 +428,10 @@ class Runtime:
             return await self._ask_remote(handle, "approve", {"allow": allow, "call": call_id})
         return await self.approvals.answer(handle, allow, call_id)
 
-    # --- the agent loop ---
-
-    def _start(self, run: Run) -> None:
-        run.task = asyncio.create_task(self._drive(run), name=f"run {run.state.spec.handle}")
-        run.task.add_done_callback(lambda _: self._cancelled_unstarted(run))
-
-    def _cancelled_unstarted(self, run: Run) -> None:
-        """A task cancelled before its first step never ran `_steps`, so never saw the cancel
-        (`cancel` would wait for it forever): journal the run's end here instead."""
-        reason = run.cancel_reason
-        if reason is not None and not run.state.phase.over and not self._stopping:
-            self._background_task(self._end_unstarted(run, reason))
-
-    async def _end_unstarted(self, run: Run, reason: str) -> None:
-        await self._apply(run, m.Cancel(reason=reason, at=self.clock()))
-        if run.span is not None and run.span.is_recording():
-            spans.ended(run.span, run.state)
+    # --- the agent loop (`driver`) ---
 
     def _background_task(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.driver.background_task(coro)
 
     def _run_span(self, spec: m.RunSpec, caller_trace: str | None) -> Span:
         parent = self.runs.get(spec.parent) if spec.parent is not None else None
@@ -474,78 +441,6 @@ class Runtime:
             caller_trace,
         )
         return spans.start_run(spec, context)
-
-    async def _drive(self, run: Run) -> None:
-        if run.span is None:
-            await self._steps(run)
-            return
-        try:
-            with trace.use_span(run.span):
-                await self._steps(run)
-        finally:
-            spans.ended(run.span, run.state)
-
-    async def _steps(self, run: Run) -> None:
-        handle = run.state.spec.handle
-        try:
-            while (decision := m.next_decision(run.state)) is not None:
-                if isinstance(decision, m.StartTurn):
-                    await self.rounds.held_while_stopping()
-                    if await self.budgets.stopped_before_turn(run):
-                        return
-                    await self._apply(run, await self._turn(run.state, decision))
-                else:
-                    offered = await self._offered(run.state.spec)
-                    await self.rounds.call(run, decision.calls, offered)
-                await self.budgets.check(handle)
-        except asyncio.CancelledError:
-            if run.cancel_reason is None or not run.here:
-                raise  # the process is stopping: nothing is journaled, the run resumes
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            await self._apply(run, m.Cancel(reason=run.cancel_reason, at=self.clock()))
-        except Exception as exc:  # a bug must not leave an awaiter waiting forever
-            if _lease_lost(exc):
-                run.here = False  # another replica drives it now (`lost` brings its state)
-                self.stale.add(handle)
-                log.warning("run.lease_lost", run=handle)
-                return
-            log.exception("run.crashed", run=handle)
-            await self._apply(run, m.TurnFailed(error=f"internal error: {exc!r}", at=self.clock()))
-
-    async def _apply(self, run: Run, event: m.Event) -> None:
-        """Step the run's state, then journal what the step asks for (one line: a crash keeps
-        all of it or none) and carry out the rest."""
-        handle = run.state.spec.handle
-        run.state, decisions = m.step(run.state, event)
-        records = [r for d in decisions if (r := journal.record_of(handle, d)) is not None]
-        if records:
-            line = records[0] if len(records) == 1 else forks.batch_record(records)
-            await self.journal.append(line)
-        for d in decisions:
-            if isinstance(d, m.RecordFinished):
-                run.done.set()
-                self.metrics.finished(run.state.spec.service_class, d.phase)
-                log.info("run.over", run=handle, state=d.phase.value, error=d.error)
-                await self.llm.forget_run(handle)
-                self.wall.forget(handle)
-
-    # --- turns and tools ---
-
-    async def _offered(self, spec: m.RunSpec) -> dict[str, UpstreamTool]:
-        catalogue = await self.upstreams.catalogue()
-        if spec.tools is None:
-            return catalogue
-        return {k: v for k, v in catalogue.items() if k in spec.tools}
-
-    async def _turn(self, state: m.RunState, decision: m.StartTurn) -> m.Event:
-        """The run's next turn; or first the compaction its history needs to fit (`wall`)."""
-        # The tools stay in every turn's request, also once the run's calls are spent (then
-        # with tool_choice none): the engine renders them at the prompt's start, so dropping
-        # them would make the last turn re-read the whole conversation instead of its cache.
-        tools = [t.openai() for t in (await self._offered(state.spec)).values()]
-        return await self.wall.turn(state, decision, tools, self.clock)
 
 
 async def _over(runs: list[Run], mode: str) -> None:
@@ -557,13 +452,6 @@ async def _over(runs: list[Run], mode: str) -> None:
     finally:
         for w in waits:
             w.cancel()
-
-
-def _lease_lost(exc: Exception) -> bool:
-    """The run's lease went elsewhere (also from inside a round's task group)."""
-    if isinstance(exc, ExceptionGroup):
-        return exc.subgroup(LeaseLost) is not None
-    return isinstance(exc, LeaseLost)
 
 
 def _unwritable(why: str) -> JournalUnwritable:
