@@ -304,6 +304,34 @@ FIGURES += [
 FIGURES.append(Figure("overhead, the commit", "overhead.json", ran_on))
 FIGURES.append(Figure("decision core", "scheduler_core.json", core_line))
 FIGURES.append(Figure("decision core, the commit", "scheduler_core.json", ran_on))
+
+
+def claude_line(data: dict[str, Any]) -> str:
+    """Claude Code's six look-ups: the session's median, fanned out and one at a time."""
+    fan, one = (data["summary"][arm]["seconds"]["median"] for arm in ("fan-out", "one at a time"))
+    return (
+        f"the session takes {fan:.2f} s against {one:.2f} s for the same six one at a time "
+        f"({one / fan:.1f} times, medians of {data['repeats']}"
+    )
+
+
+def fanout_line(data: dict[str, Any]) -> str:
+    """The runtime's fan-out: every sub-agent together against one at a time."""
+    together, alone = data["parallel"]["seconds"], data["sequential"]["seconds"]
+    return f"finish in {together:.1f} s together against {alone:.1f} s one at a time"
+
+
+def replay_line(data: dict[str, Any]) -> str:
+    finished = data["finished"]
+    return f"{finished['runs']:,} finished runs replay in {finished['totalSeconds']:.1f} s"
+
+
+FIGURES += [
+    Figure("sub-agents, Claude Code", "claude_fanout.json", claude_line),
+    Figure("sub-agents, the fan-out", "runtime_fanout.json", fanout_line),
+    Figure("sub-agents, the replay", "runtime_replay.json", replay_line),
+    Figure("sub-agents, the commit", "runtime_fanout.json", ran_on),
+]
 """The README's figures, each with the result file it cites."""
 
 
