@@ -109,16 +109,25 @@ async def test_a_429_is_waited_out_and_server_errors_are_retried(quick_retries: 
 async def test_the_fourth_failure_fails_the_turn_with_the_dataplanes_message(
     quick_retries: None,
 ) -> None:
+    failed, tries = await _failing_turn([(500, {"error": {"message": "engine fell over"}}, {})] * 4)
+    assert isinstance(failed, TurnError) and not isinstance(failed, ContextOverflow)
+    assert str(failed) == "HTTP 500: engine fell over"
+    assert tries == 4
+
+
+async def _failing_turn(
+    answers: list[tuple[int, Any, dict[str, str]]],
+) -> tuple[TurnError, int]:
+    """The error a turn fails with when the dataplane answers `answers`; how many it sent."""
     async with plane() as fake:
-        fake.answers += [(500, {"error": {"message": "engine fell over"}}, {})] * 4
+        fake.answers += answers
         llm = Llm(fake.url, timeout=10.0)
         try:
             with pytest.raises(TurnError) as failed:
                 await llm.turn(SPEC, HI, [])
         finally:
             await llm.close()
-    assert str(failed.value) == "HTTP 500: engine fell over"
-    assert len(fake.bodies) == 4
+    return failed.value, len(fake.bodies)
 
 
 async def test_a_prompt_past_the_window_is_not_retried_and_names_the_window() -> None:
@@ -129,16 +138,9 @@ async def test_a_prompt_past_the_window_is_not_retried_and_names_the_window() ->
             "n_ctx": 4096,
         }
     }
-    async with plane() as fake:
-        fake.answers.append((400, refused, {}))
-        llm = Llm(fake.url, timeout=10.0)
-        try:
-            with pytest.raises(ContextOverflow) as overflow:
-                await llm.turn(SPEC, HI, [])
-        finally:
-            await llm.close()
-    assert overflow.value.window == 4096
-    assert len(fake.bodies) == 1
+    overflow, tries = await _failing_turn([(400, refused, {})])
+    assert isinstance(overflow, ContextOverflow) and overflow.window == 4096
+    assert tries == 1
 
 
 async def test_a_turn_that_cannot_finish_in_its_time_says_so(quick_retries: None) -> None:
