@@ -192,7 +192,7 @@ class Llm:
             headers = spans.chat_headers(span, headers)
         reply = await self._post_turn(body, headers, timeout)
         message = reply["choices"][0].get("message") or {}
-        calls = tuple(_tool_calls(message)) if allow_calls else ()
+        calls = tuple(_tool_calls(message, reply.get("id"))) if allow_calls else ()
         content = message.get("content")
         if not isinstance(content, str):
             content = None
@@ -236,10 +236,8 @@ class Llm:
                 raise Refused(resp.status, resp.headers, text)
         reply = _json(text)
         choices = reply.get("choices") if isinstance(reply, dict) else None
-        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
-            if isinstance(reply, dict) and choices == []:
-                raise Unreadable("the model returned no choices")
-            raise Unreadable(f"not a chat completion ({resp.status}): {text[:200]}")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise Unreadable(f"not a chat completion with a choice: {text[:200]}")
         return reply
 
     async def models(self) -> list[dict[str, Any]]:
@@ -347,9 +345,10 @@ def _count(doc: Any, key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _tool_calls(message: dict[str, Any]) -> Iterator[ToolCall]:
-    """The function calls of a reply's message, as the runtime runs them."""
-    for call in message.get("tool_calls") or ():
+def _tool_calls(message: dict[str, Any], reply_id: Any) -> Iterator[ToolCall]:
+    """The function calls of a reply's message, as the runtime runs them; a call the engine
+    gave no id gets one as a call recovered from text does."""
+    for i, call in enumerate(message.get("tool_calls") or ()):
         if not isinstance(call, dict) or call.get("type", "function") != "function":
             continue
         function = call.get("function")
@@ -357,7 +356,7 @@ def _tool_calls(message: dict[str, Any]) -> Iterator[ToolCall]:
             continue
         arguments = function.get("arguments")
         yield ToolCall(
-            id=str(call.get("id") or ""),
+            id=str(call.get("id") or f"call_{reply_id}_{i}"),
             name=function["name"],
             arguments=arguments if isinstance(arguments, str) and arguments else "{}",
         )
