@@ -52,6 +52,34 @@ def matrix_row(label: str, cell: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
+def matrix_group(label: str, engine: str, kv: str) -> Callable[[dict[str, Any]], str]:
+    """A grouped row of the README's matrix table: the simulated cells of one engine and KV size
+    (both tool styles, both kinds of context), each ratio's range over them, and the share of
+    prompt tokens from cache, luftpause's range / cache_aware's."""
+
+    def render(data: dict[str, Any]) -> str:
+        names = sorted(n for n in data["cells"] if n.startswith(f"{engine}-") and n.endswith(kv))
+        ix, bx, ours, base = [], [], [], []
+        for name in names:
+            results = data["cells"][name]["results"]
+            o, b = arm_figures(results[OURS]), arm_figures(results[BASELINE])
+            v = verdict(name, o, b)
+            ix.append(v["interactive_x"])
+            bx.append(v["batch_x"])
+            ours.append(100 * statistics.median(o["cached"]))
+            base.append(100 * statistics.median(b["cached"]))
+
+        def span(values: list[float], fmt: str) -> str:
+            return f"{min(values):{fmt}}-{max(values):{fmt}}"
+
+        return (
+            f"| {label} | {span(ix, '.2f')}x | {span(bx, '.2f')}x | "
+            f"{span(ours, '.0f')} / {span(base, '.0f')} % |"
+        )
+
+    return render
+
+
 def medians_line(cell: str) -> Callable[[dict[str, Any]], str]:
     """`3.6 against 3.5 interactive and 10.4 against 9.8 batch runs/min`: luftpause's and
     cache_aware's medians over the repeats."""
@@ -140,6 +168,19 @@ def model_line(name: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
+def core_against_line(data: dict[str, Any]) -> str:
+    """The core against an older one, alternated in one run: saturated at 10,000 and 100,000
+    live runs, and the range with 1,000."""
+    rows = {(r["saturated"], r["runs"]): r for r in data["comparison"][0]["rows"]}
+    ten, hundred = rows[(True, 10_000)], rows[(True, 100_000)]
+    few = [rows[(s, 1_000)]["ratio"] for s in (False, True)]
+    return (
+        f"{ten['ratio']:.2f}x saturated at 10,000 runs ({ten['new']['events_per_s']:,} against "
+        f"{ten['old']['events_per_s']:,} events/s), {hundred['ratio']:.2f}x at 100,000, "
+        f"{min(few):.2f}-{max(few):.2f}x with 1,000 runs"
+    )
+
+
 def _commit(data: dict[str, Any]) -> str:
     return str(data["machine"].get("commit") or "?")[:7]
 
@@ -205,6 +246,29 @@ def overhead_row(label: str, arm: str) -> Callable[[dict[str, Any]], str]:
     return render
 
 
+def tracing_line(data: dict[str, Any]) -> str:
+    """What tracing adds: the traced dataplane against the untraced one in the same run, to a
+    stream's first byte (p50) at 1 and 32 streams and in CPU per streamed turn."""
+    results = data["results"]
+
+    def added(c: int) -> float:
+        ms = results[f"c{c}_stream"]["added_ms"]
+        return float(ms["dataplane-traced_ttfb_p50"]["median"] - ms["dataplane_ttfb_p50"]["median"])
+
+    def cpu(c: int) -> float:
+        arms = results[f"c{c}_stream"]["arms"]
+        return float(
+            arms["dataplane-traced"]["cpu_ms_per_turn"]["median"]
+            - arms["dataplane"]["cpu_ms_per_turn"]["median"]
+        )
+
+    return (
+        f"Tracing on (every turn traced) adds {added(1):.1f} ms to a stream's first byte at 1 "
+        f"stream and {added(32):.1f} ms at 32, and {cpu(1):.2f} / {cpu(32):.2f} ms of CPU per "
+        "streamed turn at 1 / 32 clients"
+    )
+
+
 def core_line(data: dict[str, Any]) -> str:
     """The decision core's events/s at 10,000 live runs, with room and saturated."""
     rows = {(r["saturated"], r["runs"]): r for r in data["throughput"]}
@@ -257,6 +321,16 @@ FIGURES: list[Figure] = [
         medians_line("vllm-text"),
     ),
 ]
+MATRIX_GROUPS = (
+    ("batching up to their KV, contexts fit (4 cells)", "kv", "fits"),
+    ("batching up to their KV, contexts thrash (4)", "kv", "thrash"),
+    ("at most 8 requests, contexts fit (4)", "slots", "fits"),
+    ("at most 8 requests, contexts thrash (4)", "slots", "thrash"),
+)
+FIGURES += [
+    Figure(f"matrix, {label}", "matrix.json", matrix_group(label, engine, kv))
+    for label, engine, kv in MATRIX_GROUPS
+]
 FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
 FIGURES.append(
     Figure(
@@ -302,8 +376,15 @@ FIGURES += [
     for label, arm in OVERHEAD_ROWS
 ]
 FIGURES.append(Figure("overhead, the commit", "overhead.json", ran_on))
+FIGURES.append(Figure("overhead, tracing", "overhead.json", tracing_line))
 FIGURES.append(Figure("decision core", "scheduler_core.json", core_line))
 FIGURES.append(Figure("decision core, the commit", "scheduler_core.json", ran_on))
+FIGURES.append(
+    Figure("decision core, old against new", "scheduler_core_final.json", core_against_line)
+)
+FIGURES.append(
+    Figure("decision core, old against new: the commit", "scheduler_core_final.json", ran_on)
+)
 
 
 def claude_line(data: dict[str, Any]) -> str:
