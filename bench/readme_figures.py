@@ -331,6 +331,25 @@ FIGURES += [
     Figure(f"matrix, {label}", "matrix.json", matrix_group(label, engine, kv))
     for label, engine, kv in MATRIX_GROUPS
 ]
+FIGURES.append(
+    Figure(
+        "matrix, the simulated rows' commit",
+        "matrix.json",
+        lambda d: (
+            "simulated rows: commit "
+            + ", ".join(
+                sorted(
+                    {
+                        p["commit"][:7]
+                        for name, c in d["cells"].items()
+                        if not name.startswith(("real-", "vllm-"))
+                        for p in c.get("provenance") or [{"commit": "?"}]
+                    }
+                )
+            )
+        ),
+    )
+)
 FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
 FIGURES.append(
     Figure(
@@ -407,11 +426,33 @@ def replay_line(data: dict[str, Any]) -> str:
     return f"{finished['runs']:,} finished runs replay in {finished['totalSeconds']:.1f} s"
 
 
+def forecast_line(data: dict[str, Any]) -> str:
+    """The warm forecasts' worst errors, tokens and seconds, over every scenario."""
+
+    def worst(key: str) -> float:
+        return max(
+            abs(r["forecast"][key] - r["actual"][key]) / r["actual"][key]
+            for s in data["scenarios"]
+            for r in s["runs"][1:]
+        )
+
+    return (
+        f"within {100 * worst('tokens'):.1f} % of its tokens and {100 * worst('seconds'):.0f} % "
+        "of its time once the runtime had seen the model"
+    )
+
+
 FIGURES += [
     Figure("sub-agents, Claude Code", "claude_fanout.json", claude_line),
     Figure("sub-agents, the fan-out", "runtime_fanout.json", fanout_line),
     Figure("sub-agents, the replay", "runtime_replay.json", replay_line),
     Figure("sub-agents, the commit", "runtime_fanout.json", ran_on),
+    Figure("sub-agents, the forecast", "forecast.json", forecast_line),
+    Figure(
+        "sub-agents, the forecast's commit",
+        "forecast.json",
+        lambda d: f"the forecast {_commit(d)}",
+    ),
 ]
 """The README's figures, each with the result file it cites."""
 
