@@ -399,6 +399,13 @@ FIGURES.append(Figure("overhead, tracing", "overhead.json", tracing_line))
 FIGURES.append(Figure("decision core", "scheduler_core.json", core_line))
 FIGURES.append(Figure("decision core, the commit", "scheduler_core.json", ran_on))
 FIGURES.append(
+    Figure(
+        "admission round trip",
+        "admit_rtt.json",
+        lambda d: f"takes {d['session']['sequential_ms']['p50']:.2f} ms p50 one at a time",
+    )
+)
+FIGURES.append(
     Figure("decision core, old against new", "scheduler_core_final.json", core_against_line)
 )
 FIGURES.append(
