@@ -396,6 +396,25 @@ FIGURES += [
 ]
 FIGURES.append(Figure("overhead, the commit", "overhead.json", ran_on))
 FIGURES.append(Figure("overhead, tracing", "overhead.json", tracing_line))
+
+
+def doors_line(data: dict[str, Any]) -> str:
+    """What translating a Messages and a Responses turn adds to its first byte over passing it
+    (p50, paired by round, median over the rounds) at 1 and 32 streams."""
+
+    def over(api: str, c: int) -> float:
+        value: float = data["results"][f"{api}_c{c}"]["translated_over_passed_ms"]["ttfb_p50"][
+            "median"
+        ]
+        return value
+
+    return (
+        f"{over('messages', 1):+.1f} and {over('responses', 1):+.1f} ms at 1 stream, "
+        f"{over('messages', 32):+.1f} and {over('responses', 32):+.1f} ms at 32"
+    )
+
+
+FIGURES.append(Figure("overhead, the doors", "overhead_apis.json", doors_line))
 FIGURES.append(Figure("decision core", "scheduler_core.json", core_line))
 FIGURES.append(Figure("decision core, the commit", "scheduler_core.json", ran_on))
 FIGURES.append(
