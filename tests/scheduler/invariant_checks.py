@@ -99,7 +99,8 @@ def check_residency(state: State) -> None:
 def check_kv_rule(before: State, after: State, event: Event, places: list[Place]) -> None:
     """A new run (one resident nowhere, not held past NEW_RUN_MAX_HOLD_S) started past a
     replica's KV pool only while some replica had room for a new run, or while that replica had
-    nothing waiting to be read (else it is held; where it goes among those with room is the
+    nothing waiting to be read and read its pool again faster than runs come back (`spills`;
+    else it is held; where it goes among those with room is the
     cost's choice, which counts the overflow). The resident tokens just before each placement
     are those after the step less the footprints added by the placements there later in the
     step (runs held past the longest hold add theirs unchecked), and its reading pending then
@@ -144,7 +145,7 @@ def check_kv_rule(before: State, after: State, event: Event, places: list[Place]
             continue
         # Reading pending just before the step's first placement there.
         pending = replica.pending_prefill - sum(reading.get(rid, []))
-        idle_first = pending <= 0
+        idle_first = pending <= 0 and (rid not in before.replicas or before.replicas[rid].spills)
         total = replica.resident_tokens
         for i, (cls, footprint, checked) in enumerate(reversed(placed)):
             total -= footprint

@@ -189,6 +189,50 @@ def test_an_engine_with_nothing_left_to_read_takes_a_new_run_past_its_pool() -> 
     assert placed(actions) == {"t2": "a"}
 
 
+def learned_pool(kv: int, ms_per_token: float) -> State:
+    """Replica a with a `kv`-token pool, its reading learned at `ms_per_token`, and batch runs
+    learned to come back 2 s after a tool call; then two batch runs paused on a tool there,
+    their contexts 1,200 tokens each, and nothing left to read."""
+    state = kv_pool("a", kv=kv)
+    for i, uncached in enumerate((100, 1100, 2100, 3100, 600, 1600)):
+        t0, run = 10.0 * i, f"learn{i}"
+        state, _ = admit(state, f"l{i}", run, cls=BATCH, at=t0)
+        state, _ = decide(state, TurnStarted(at=t0 + 0.1, turn_id=f"l{i}"))
+        ttft = 0.001 * ms_per_token * uncached
+        state, _ = decide(state, FirstToken(at=t0 + 0.1 + ttft, turn_id=f"l{i}"))
+        state = finish(state, f"l{i}", at=t0 + 0.9, prompt=uncached, tools=True)
+        state, _ = admit(state, f"l{i}b", run, cls=BATCH, at=t0 + 2.9)
+        state = finish(state, f"l{i}b", at=t0 + 3.5, prompt=uncached + 50)
+        state, _ = decide(state, RunEnded(at=t0 + 4.0, run_id=run))
+    assert state.replicas["a"].prefill.s_per_token == pytest.approx(0.001 * ms_per_token)
+    for i in range(2):
+        state, _ = admit(state, f"t{i}", f"r{i}", cls=BATCH, at=70)
+        state = finish(state, f"t{i}", at=71, prompt=1200, tools=True)
+    a = state.replicas["a"]
+    assert not a.new_batch_fits and not a.new_interactive_fits and a.pending_prefill == 0
+    return state
+
+
+def test_an_engine_that_rereads_its_pool_before_runs_come_back_takes_a_new_run_past_it() -> None:
+    """A pool of 3,500 tokens read again in 0.26 s, runs away 2 s: what a new run pushes out
+    is read again long before it is needed, and holding the run would leave the batch short."""
+    state = learned_pool(kv=3500, ms_per_token=0.1)
+    assert state.replicas["a"].spills
+    _, actions = admit(state, "t2", "new", cls=BATCH, at=71.5)
+    assert placed(actions) == {"t2": "a"}
+
+
+def test_an_engine_slower_to_reread_its_pool_than_runs_are_away_holds_a_new_run() -> None:
+    """Read again in 2.6 s, runs away 2 s: the paused runs would come back to contexts not read
+    yet, every turn reading its whole context (the engines of the matrix's thrash cells)."""
+    state = learned_pool(kv=3500, ms_per_token=1.0)
+    assert not state.replicas["a"].spills
+    state, actions = admit(state, "t2", "new", cls=BATCH, at=71.5)
+    assert not placed(actions) and state.held["t2"].bucket == ("m", "", MODEL)
+    state, actions = decide(state, RunEnded(at=72, run_id="r1"))
+    assert placed(actions) == {"t2": "a"}
+
+
 def test_with_the_kv_rule_off_a_new_run_starts_while_the_engine_is_busy() -> None:
     state = paused_pair(kv=3500, rules=Rules().switched(["kv_rule"], on=False))
     state, _ = admit(state, "t3", "r0", cls=BATCH, at=2.5)

@@ -191,6 +191,18 @@ def window_for(
     return comebacks.get(every, Comeback()).window(tool_calls=tool_calls)
 
 
+def pause_s(comebacks: Mapping[ComebackKey, Comeback]) -> float | None:
+    """How long a paused run is away at the least: the shortest mean gap of the ways of ending
+    a turn (per class, with tool calls or not) that runs come back from; None while none is
+    known. A context pushed out of a pool is read again when its run comes back, no sooner."""
+    gaps = [
+        c.gap_s
+        for (_, _, rounds), c in comebacks.items()
+        if rounds == -1 and c.ends >= _MIN_SAMPLES and c.back >= max(1.0, COMES_BACK * c.ends)
+    ]
+    return min(gaps) if gaps else None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillFit:
     """Time to first token against uncached prompt tokens on one replica (running sums)."""

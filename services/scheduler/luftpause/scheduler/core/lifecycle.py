@@ -141,7 +141,9 @@ def end_turn(
         if usage is not None and 0 <= turn.started_at <= turn.first_token_at:
             uncached = max(usage.prompt_tokens - usage.cached_tokens, 0)
             ttft = turn.first_token_at - turn.started_at
-            changes["prefill"] = replica.prefill.add(uncached, ttft)
+            fit = replica.prefill.add(uncached, ttft)
+            changes["prefill"] = fit
+            changes["spills"] = residency.spills(d, replica, fit)
         update_replica(d, replica, **changes)
     if turn.single_pass:
         return []

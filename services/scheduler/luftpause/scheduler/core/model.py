@@ -309,6 +309,11 @@ class Replica:
     resident_tokens: int = 0
     new_batch_fits: bool = True
     new_interactive_fits: bool = True
+    # Derived (`residency.spills`, set when its prefill fit or pool changes): whether a new run
+    # may start past the KV rule's margin while nothing here waits to be read, because reading
+    # the margin's worth of contexts again takes this replica less time than a paused run is
+    # away (True until both are known).
+    spills: bool = True
     # Time to first token against uncached prompt tokens: what reading context costs here.
     prefill: PrefillFit = _NO_FIT
     # Rate-limited (a hosted API with a window, see `gate`): its turns are admitted by its
@@ -338,9 +343,10 @@ class Replica:
 
     def new_fits(self, service_class: ServiceClass) -> bool:
         """Whether the KV rule lets a new run of `service_class` start here now: its working
-        set leaves room for one, or nothing placed here waits to be read (`pending_prefill`):
-        the engine would start it at once, and holding it would leave that capacity unused."""
-        if not self.pending_prefill:
+        set leaves room for one; or nothing placed here waits to be read (`pending_prefill`),
+        so the engine would start it at once, and this engine reads the contexts it pushes out
+        again faster than their runs come back (`spills`)."""
+        if not self.pending_prefill and self.spills:
             return True
         if service_class is ServiceClass.BATCH:
             return self.new_batch_fits

@@ -17,8 +17,15 @@ Pure module: functions that change a `Draft`, no I/O. Theory of operation:
 - The KV rule (`Rules.kv_rule`): on a replica whose KV pool is known, a new run (or one that is
   resident nowhere) starts only while the resident footprints and the learned footprint of a
   new run fit in a share of the pool: KV_MARGIN_BATCH for a batch run, KV_MARGIN_INTERACTIVE
-  for an interactive one (the rest is headroom for the engine's own cache churn). A replica
-  with nothing resident always takes one, so no run is too big to ever start. Turns of resident
+  for an interactive one (the rest is headroom for the engine's own cache churn), or while
+  nothing placed there waits to be read and the replica `spills`: it reads its margin's worth
+  of contexts again in less time than a paused run is away (its fitted prefill time per token,
+  the learned gap of runs that come back), so the contexts the new run pushes out are read
+  again before they are needed and holding it would only leave the engine's batch short.
+  Where reading is slower than that (a 36k-token pool read at 0.1 ms a token, runs away 2 s),
+  runs past the margin evict each other's contexts faster than they can be read again, and
+  the rule holds new runs even on an engine with nothing queued. A replica with nothing
+  resident always takes one, so no run is too big to ever start. Turns of resident
   runs are never held by this rule: they fit by construction, and holding them would only add
   their wait to a full engine. Without it, runs whose contexts add up to more than the pool
   evict each other's prefixes while they wait on tools, and every turn re-reads its context. A
@@ -35,6 +42,7 @@ import math
 
 import immutables
 
+from luftpause.scheduler.core.learned import PrefillFit, pause_s
 from luftpause.scheduler.core.model import (
     KV_MARGIN_BATCH,
     KV_MARGIN_INTERACTIVE,
@@ -70,6 +78,19 @@ def fits(replica: Replica, resident: int, new_run: int) -> tuple[bool, bool]:
         return True, True
     need = resident + new_run
     return need <= KV_MARGIN_BATCH * pool, need <= KV_MARGIN_INTERACTIVE * pool
+
+
+def spills(view: View, replica: Replica, fit: PrefillFit) -> bool:
+    """Whether a new run may start on `replica` past the KV rule's margin while nothing there
+    waits to be read: its engine reads the margin's worth of contexts again (at `fit`'s time
+    per uncached token) in less time than a paused run is away (`learned.pause_s`), so what
+    the new run pushes out is read again before it is needed and the reading costs less than
+    leaving the engine's batch short would. True until the pool, the fit and the pause are
+    known."""
+    pool, slope, pause = replica.kv_tokens, fit.s_per_token, pause_s(view.comebacks)
+    if pool is None or slope is None or pause is None:
+        return True
+    return KV_MARGIN_BATCH * pool * slope < pause
 
 
 def _with_resident(d: Draft, replica: Replica, resident: int) -> None:

@@ -74,7 +74,7 @@ def flags(replica: Replica) -> Flags:
     interactive, batch = room_pair(replica)
     if replica.kind is EndpointKind.SINGLE_PASS:
         return (interactive, batch, False, False)
-    if not replica.pending_prefill:  # `Replica.new_fits` of both classes
+    if not replica.pending_prefill and replica.spills:  # `Replica.new_fits` of both classes
         return (interactive, batch, interactive, batch)
     return (
         interactive and replica.new_interactive_fits,

@@ -60,6 +60,9 @@ def status_view(state: State, now: float) -> dict[str, Any]:
                 "resident_runs": resident.get(r.id, 0),
                 "new_batch_fits": r.new_batch_fits,
                 "new_interactive_fits": r.new_interactive_fits,
+                # New runs may start past the margin while nothing waits to be read there: it
+                # reads its pool again faster than paused runs come back (`residency.spills`).
+                "spills": r.spills,
                 # Opening keys (tools and first messages) it served lately: see `openings`.
                 "openings": len(state.openings[r.id].keys) if r.id in state.openings else 0,
                 "prefill_ms_per_token": None
