@@ -185,6 +185,11 @@ def _commit(data: dict[str, Any]) -> str:
     return str(data["machine"].get("commit") or "?")[:7]
 
 
+def ran_on_as(what: str) -> Callable[[dict[str, Any]], str]:
+    """`what 1a2b3c4`: the commit a result ran on, named where the README names several."""
+    return lambda data: f"{what} {_commit(data)}"
+
+
 def ran_on(data: dict[str, Any]) -> str:
     """`commit 1a2b3c4`: what a result ran on, as the README says under its table."""
     return f"commit {_commit(data)}"
@@ -494,20 +499,14 @@ FIGURES += [
     Figure("sub-agents, the soak", "soak.json", soak_line),
     Figure("runtime replicas, the journal", "runtime_fleet.json", journal_line),
     Figure(
-        "runtime replicas, the commit",
-        "runtime_fleet.json",
-        lambda d: f"the journal and replicas {_commit(d)}",
+        "runtime replicas, the commit", "runtime_fleet.json", ran_on_as("the journal and replicas")
     ),
     Figure("sub-agents, Claude Code", "claude_fanout.json", claude_line),
     Figure("sub-agents, the fan-out", "runtime_fanout.json", fanout_line),
     Figure("sub-agents, the replay", "runtime_replay.json", replay_line),
     Figure("sub-agents, the commit", "runtime_fanout.json", ran_on),
     Figure("sub-agents, the forecast", "forecast.json", forecast_line),
-    Figure(
-        "sub-agents, the forecast's commit",
-        "forecast.json",
-        lambda d: f"the forecast {_commit(d)}",
-    ),
+    Figure("sub-agents, the forecast's commit", "forecast.json", ran_on_as("the forecast")),
 ]
 """The README's figures, each with the result file it cites."""
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from luftpause.common.config import Endpoint
-from luftpause.scheduler.core import holds
+from luftpause.scheduler.core import holds, residency
 from luftpause.scheduler.core.decide import DEFAULT_RULES, decide, initial_state
 from luftpause.scheduler.core.events import (
     Admit,
@@ -231,6 +231,29 @@ def test_an_engine_slower_to_reread_its_pool_than_runs_are_away_holds_a_new_run(
     assert not placed(actions) and state.held["t2"].bucket == ("m", "", MODEL)
     state, actions = decide(state, RunEnded(at=72, run_id="r1"))
     assert placed(actions) == {"t2": "a"}
+
+
+def test_an_engine_reads_as_fast_as_the_fastest_turn_it_read() -> None:
+    """A queue only adds to a turn's time to first token: one that waited behind others does
+    not make the engine look slower, one that read alone shows its speed."""
+    fastest = residency.fastest_read(None, 1000, 0.1)
+    assert fastest == pytest.approx(1e-4)
+    assert residency.fastest_read(fastest, 500, 2.0) == fastest  # queued
+    assert residency.fastest_read(fastest, 2000, 0.1) == pytest.approx(5e-5)
+    assert residency.fastest_read(fastest, 0, 0.5) == fastest  # all of it cached
+
+
+def test_a_first_token_measured_by_the_dataplane_times_the_reading() -> None:
+    """Started and first-token events may wait for company on the Report stream: their arrival
+    does not time the reading; the dataplane's own measure does."""
+    state = kv_pool("a")
+    state, _ = admit(state, "t1", "r1", at=1.0)
+    state, _ = decide(state, TurnStarted(at=1.6, turn_id="t1"))  # sent with its first token
+    state, _ = decide(state, FirstToken(at=1.6, turn_id="t1", after_s=0.25))
+    turn = state.turns["t1"]
+    assert turn.first_token_at - turn.started_at == pytest.approx(0.25)
+    state = finish(state, "t1", at=2.0, prompt=2500)
+    assert state.replicas["a"].read_s_per_token == pytest.approx(0.25 / 2500)
 
 
 def test_with_the_kv_rule_off_a_new_run_starts_while_the_engine_is_busy() -> None:

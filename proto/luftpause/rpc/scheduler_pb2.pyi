@@ -140,8 +140,10 @@ class TurnStarted(_message.Message):
     def __init__(self) -> None: ...
 
 class FirstToken(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("after_s",)
+    AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    after_s: float
+    def __init__(self, after_s: _Optional[float] = ...) -> None: ...
 
 class TurnFinished(_message.Message):
     __slots__ = ("usage", "finish_reason", "tool_calls", "rate_limits")

@@ -151,7 +151,8 @@ class Turn:
             self._first_token_sent = True
             if not self.single_pass:
                 self._runs.turn_read(self.turn_id)
-            self._report(wire.first_token(self.turn_id, self.run_id), self.replica_id)
+            after = self._clock() - self._sent_at
+            self._report(wire.first_token(self.turn_id, self.run_id, after), self.replica_id)
             if self.span is not None:
                 self.span.event("first_token")
 

@@ -146,8 +146,11 @@ def started(turn_id: str, run_id: str) -> pb.TurnEvent:
     return pb.TurnEvent(turn_id=turn_id, run_id=run_id, started=pb.TurnStarted())
 
 
-def first_token(turn_id: str, run_id: str) -> pb.TurnEvent:
-    return pb.TurnEvent(turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken())
+def first_token(turn_id: str, run_id: str, after_s: float) -> pb.TurnEvent:
+    """The engine's first token came `after_s` seconds after the request started."""
+    return pb.TurnEvent(
+        turn_id=turn_id, run_id=run_id, first_token=pb.FirstToken(after_s=max(after_s, 0.0))
+    )
 
 
 def rate_limits(

@@ -164,7 +164,7 @@ def turn_event(ev: pb.TurnEvent, at: float) -> e.Event | None:
     if kind == "started":
         return e.TurnStarted(at=at, turn_id=ev.turn_id)
     if kind == "first_token":
-        return e.FirstToken(at=at, turn_id=ev.turn_id)
+        return e.FirstToken(at=at, turn_id=ev.turn_id, after_s=ev.first_token.after_s)
     return None
 
 

@@ -198,7 +198,10 @@ def _apply(d: Draft, event: Event) -> Applied:
             return [], []
         case FirstToken():
             counters.first_token(d, event.turn_id)
-            _stamp(d, event.turn_id, first_token_at=at)
+            if event.after_s > 0:  # measured where it happened: the reading's true time
+                _stamp(d, event.turn_id, started_at=at - event.after_s, first_token_at=at)
+            else:
+                _stamp(d, event.turn_id, first_token_at=at)
             return [], []
     raise TypeError(f"unknown event {event!r}")
 

@@ -60,6 +60,9 @@ class TurnStarted:
 class FirstToken:
     at: float
     turn_id: str
+    # Seconds from its request's start to this token as the dataplane measured them (0: not
+    # measured; the event's own arrival then stands for the token's time).
+    after_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

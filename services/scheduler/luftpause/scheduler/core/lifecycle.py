@@ -141,9 +141,10 @@ def end_turn(
         if usage is not None and 0 <= turn.started_at <= turn.first_token_at:
             uncached = max(usage.prompt_tokens - usage.cached_tokens, 0)
             ttft = turn.first_token_at - turn.started_at
-            fit = replica.prefill.add(uncached, ttft)
-            changes["prefill"] = fit
-            changes["spills"] = residency.spills(d, replica, fit)
+            changes["prefill"] = replica.prefill.add(uncached, ttft)
+            read = residency.fastest_read(replica.read_s_per_token, uncached, ttft)
+            changes["read_s_per_token"] = read
+            changes["spills"] = residency.spills(d, replica, read)
         update_replica(d, replica, **changes)
     if turn.single_pass:
         return []

@@ -309,13 +309,16 @@ class Replica:
     resident_tokens: int = 0
     new_batch_fits: bool = True
     new_interactive_fits: bool = True
-    # Derived (`residency.spills`, set when its prefill fit or pool changes): whether a new run
+    # Derived (`residency.spills`, set as each turn here ends): whether a new run
     # may start past the KV rule's margin while nothing here waits to be read, because reading
     # the margin's worth of contexts again takes this replica less time than a paused run is
     # away (True until both are known).
     spills: bool = True
     # Time to first token against uncached prompt tokens: what reading context costs here.
     prefill: PrefillFit = _NO_FIT
+    # The least time to first token per uncached prompt token any turn here took: what reading
+    # costs the engine itself (a queue only adds to it; `residency.spills`). None before one.
+    read_s_per_token: float | None = None
     # Rate-limited (a hosted API with a window, see `gate`): its turns are admitted by its
     # budget, never placed by a dataplane on its own.
     limited: bool = False

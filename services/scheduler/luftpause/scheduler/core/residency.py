@@ -42,7 +42,7 @@ import math
 
 import immutables
 
-from luftpause.scheduler.core.learned import PrefillFit, pause_s
+from luftpause.scheduler.core.learned import pause_s
 from luftpause.scheduler.core.model import (
     KV_MARGIN_BATCH,
     KV_MARGIN_INTERACTIVE,
@@ -80,17 +80,30 @@ def fits(replica: Replica, resident: int, new_run: int) -> tuple[bool, bool]:
     return need <= KV_MARGIN_BATCH * pool, need <= KV_MARGIN_INTERACTIVE * pool
 
 
-def spills(view: View, replica: Replica, fit: PrefillFit) -> bool:
+def fastest_read(fastest: float | None, uncached: int, ttft_s: float) -> float | None:
+    """The least seconds per uncached prompt token seen, with a turn that read `uncached`
+    tokens in `ttft_s` to its first token. A turn's time to first token is the engine's
+    reading of it plus whatever it waited for (other prompts, a full batch, the decode steps
+    of the others): never less than the reading, so the least per token seen is the engine's
+    own speed, where a fit over every turn counts the queue as reading (two to three times
+    the engine's speed on a busy KV-bound pool)."""
+    if uncached <= 0 or ttft_s <= 0:
+        return fastest
+    per_token = ttft_s / uncached
+    return per_token if fastest is None else min(fastest, per_token)
+
+
+def spills(view: View, replica: Replica, read_s_per_token: float | None) -> bool:
     """Whether a new run may start on `replica` past the KV rule's margin while nothing there
-    waits to be read: its engine reads the margin's worth of contexts again (at `fit`'s time
-    per uncached token) in less time than a paused run is away (`learned.pause_s`), so what
-    the new run pushes out is read again before it is needed and the reading costs less than
-    leaving the engine's batch short would. True until the pool, the fit and the pause are
-    known."""
-    pool, slope, pause = replica.kv_tokens, fit.s_per_token, pause_s(view.comebacks)
-    if pool is None or slope is None or pause is None:
+    waits to be read: its engine reads the margin's worth of contexts again (at its fastest
+    time per uncached token, `fastest_read`) in less time than a paused run is away
+    (`learned.pause_s`), so what the new run pushes out is read again before it is needed,
+    and holding the run would only leave the engine's batch short. True until the pool, the
+    reading and the pause are known."""
+    pool, pause = replica.kv_tokens, pause_s(view.comebacks)
+    if pool is None or read_s_per_token is None or pause is None:
         return True
-    return KV_MARGIN_BATCH * pool * slope < pause
+    return KV_MARGIN_BATCH * pool * read_s_per_token < pause
 
 
 def _with_resident(d: Draft, replica: Replica, resident: int) -> None:

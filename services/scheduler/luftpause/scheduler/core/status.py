@@ -68,6 +68,10 @@ def status_view(state: State, now: float) -> dict[str, Any]:
                 "prefill_ms_per_token": None
                 if r.prefill.s_per_token is None
                 else round(r.prefill.s_per_token * 1000, 4),
+                # The least time to first token per uncached token seen: the engine's reading.
+                "read_ms_per_token": None
+                if r.read_s_per_token is None
+                else round(r.read_s_per_token * 1000, 5),
             },
             # Engine slots the scheduler assigns: the run each holds, and whether one is busy.
             "slots": [
