@@ -191,14 +191,21 @@ def window_for(
     return comebacks.get(every, Comeback()).window(tool_calls=tool_calls)
 
 
+# The key of every way of ending a turn, over all rounds (`comeback_keys`): class, tool calls.
+_EVERY_ROUND: tuple[ComebackKey, ...] = tuple(
+    (cls, tool_calls, -1) for cls in ("interactive", "batch") for tool_calls in (True, False)
+)
+
+
 def pause_s(comebacks: Mapping[ComebackKey, Comeback]) -> float | None:
     """How long a paused run is away at the least: the shortest mean gap of the ways of ending
     a turn (per class, with tool calls or not) that runs come back from; None while none is
-    known. A context pushed out of a pool is read again when its run comes back, no sooner."""
+    known. A context pushed out of a pool is read again when its run comes back, no sooner.
+    Four lookups: it runs as every turn ends."""
     gaps = [
         c.gap_s
-        for (_, _, rounds), c in comebacks.items()
-        if rounds == -1 and c.ends >= _MIN_SAMPLES and c.back >= max(1.0, COMES_BACK * c.ends)
+        for c in map(comebacks.get, _EVERY_ROUND)
+        if c is not None and c.ends >= _MIN_SAMPLES and c.back >= max(1.0, COMES_BACK * c.ends)
     ]
     return min(gaps) if gaps else None
 
