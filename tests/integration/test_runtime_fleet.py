@@ -332,21 +332,39 @@ async def test_a_killed_replicas_runs_finish_once_on_the_survivors_within_a_leas
 ) -> None:
     victim, *survivors = fleet.replicas
     tools = itertools.cycle(("charge", "set_status"))
-    spawns = [spawn(fleet.replicas[i % 3], next(tools), maxToolCalls=1) for i in range(30)]
-    handles = list(await asyncio.gather(*spawns))  # one round each: the kill comes mid-round
-    victims = handles[0::3]
+    # One round each: the kill comes mid-round. On a busy machine the victim's runs may all be
+    # through their call by the time the thirtieth spawn returns; then three more are spawned
+    # on it (a run's call starts after its first turn, so after its spawn has returned), until
+    # one of its calls is seen under way with every spawn answered.
+    handles: list[str] = []
+    victims: list[str] = []
+
+    async def spawn_on(i: int) -> None:
+        handle = await spawn(fleet.replicas[i % 3], next(tools), maxToolCalls=1)
+        handles.append(handle)
+        if i % 3 == 0:
+            victims.append(handle)
 
     async def victim_mid_call() -> bool:
         keys = keys_of(fleet.ledger, victims)
         return any(v["executions"] and not v["answered"] for v in keys.values())
 
-    await eventually(victim_mid_call, bool, "a call of the victim's runs executing")
+    batch = range(30)
+    for more in itertools.count(1):
+        await asyncio.gather(*map(spawn_on, batch))
+        try:
+            await eventually(victim_mid_call, bool, "a call of the victim's runs executing", 5)
+            break
+        except AssertionError:
+            if more == 4:
+                raise
+        batch = range(30 * more + 3, 30 * more + 12, 3)  # three more on the victim
     await victim.proc.kill()
     killed = time.time()
     started = time.monotonic()
     summaries = await await_all(survivors[0], handles)
     took = time.monotonic() - started
-    assert [s["state"] for s in summaries] == ["finished"] * 30, summaries
+    assert [s["state"] for s in summaries] == ["finished"] * len(handles), summaries
     # A lease (last renewed at most a third of one before the kill), then the round it was in.
     bound = LEASE + renew_every(LEASE) + ROUND
     assert took <= bound, f"the last run finished {took:.1f} s after the kill (bound {bound} s)"
