@@ -119,8 +119,12 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
+# The suite on two workers, a test file to a worker (pytest-xdist), then the container tests on
+# their own: they share one Docker engine, which their session fixture may start and stop, and
+# `make images`, which rewrites dist/ca.
 pytest: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile --ignore=tests/deploy
+	$(BIN)/pytest -q tests/deploy
 
 proto: install
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$(RPC_OUT) --pyi_out=$(RPC_OUT) \

@@ -6,7 +6,8 @@ Pure reading: no processes. Checked:
 - every marker pyproject.toml declares is deselected by its `addopts` and selected by exactly one
   `test-*` target of the Makefile (`pytest ... -m <marker>`), so no marked test is left out of
   every target and none runs twice;
-- `make test` reaches pytest only without `-m`, that is with the `addopts` selection;
+- `make test` reaches pytest only without `-m`, that is with the `addopts` selection, and its
+  calls together run the whole suite once (what one leaves out with `--ignore`, another runs);
 - `make test-all` runs every other test target, and `.ci/run` runs `make test` and then
   `make test-real`;
 - the README and docs/development.md each have a table row for every test target and for
@@ -136,14 +137,27 @@ def test_every_marker_is_left_out_by_default_and_run_by_exactly_one_test_target(
     assert set(runs) == declared_markers(), runs
 
 
+def pytest_paths(recipe_line: str) -> tuple[set[str], set[str]]:
+    """The folders or files a pytest recipe line names, and those it leaves out (`--ignore`)."""
+    words = shlex.split(recipe_line)
+    start = next(i for i, w in enumerate(words) if w.endswith("/pytest") or w == "pytest")
+    named = {w for w in words[start + 1 :] if not w.startswith("-") and (ROOT / w).exists()}
+    ignored = {w.split("=", 1)[1] for w in words if w.startswith("--ignore=")}
+    return named, ignored
+
+
 def test_make_test_runs_pytest_with_the_default_selection_only() -> None:
-    calls = [
-        markers
+    lines = [
+        line
         for target in reachable("test")
         for line in makefile()[target].recipe
-        if (markers := pytest_markers(line)) is not None
+        if pytest_markers(line) is not None
     ]
-    assert calls == [[]], calls
+    assert [pytest_markers(line) for line in lines] == [[]] * len(lines), lines
+    # One call runs the whole suite but what it leaves out, and the others run exactly that.
+    (whole,) = [p for p in map(pytest_paths, lines) if not p[0]]
+    rest = [named for named, _ in map(pytest_paths, lines) if named]
+    assert sorted(whole[1]) == sorted(path for named in rest for path in named), lines
     assert {"lint", "typecheck", "pytest"} <= set(makefile()["test"].prerequisites)
 
 

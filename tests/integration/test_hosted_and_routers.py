@@ -278,7 +278,9 @@ async def test_the_dataplane_shows_the_hosted_replicas_rate_limit_budget(stack: 
 
 async def test_scheduler_probes_the_hosted_health_path_with_the_key(stack: Stack) -> None:
     r = await wait_replica(stack.status_url, "hosted", healthy=True)
-    assert r["capped"] is False and r["engine_running"] is None
+    # No engine metrics on a hosted API. (Whether it is `capped` depends on the tests before:
+    # one turn at a time until a reply's rate-limit headers have been read.)
+    assert r["engine_running"] is None
     seen = await stack.debug_requests()
     probes = [e for e in seen if e["method"] == "GET" and e["path"] == "/v1/models"]
     assert any(headers_of(e).get("authorization") == f"Bearer {KEY}" for e in probes)
