@@ -299,8 +299,18 @@ FIGURES: list[Figure] = [
     ),
     Figure(
         "matrix, llama.cpp tool calls",
-        "matrix_real_settle_openai.json",
+        "matrix_real_s39_openai.json",
         matrix_row("llama.cpp, tool calls", "real-openai"),
+    ),
+    Figure(
+        "matrix, llama.cpp tool calls: the medians",
+        "matrix_real_s39_openai.json",
+        medians_line("real-openai"),
+    ),
+    Figure(
+        "matrix, llama.cpp tool calls: the commit",
+        "matrix_real_s39_openai.json",
+        ran_on,
     ),
     Figure(
         "matrix, llama.cpp plain messages: the medians",
