@@ -29,7 +29,7 @@ from luftpause.testkit.waits import read_metrics
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 OPENAI_MODEL, ANTHROPIC_MODEL, STATED_MODEL, SURPRISE_MODEL = "oai", "claude", "stated", "surprise"
-TWIN_MODEL = "twin"
+TWIN_MODEL, MIXED_MODEL = "twin", "mixed"
 BARE_MODEL, PLAIN_MODEL = "bare", "plain"
 HOSTED = ("--time-scale", "20", "--reply-tokens", "40", "--rate-limit-charge", "usage")
 # Rate-limited from the start, the limits learned from the first reply's headers.
@@ -110,6 +110,15 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             ),
             "surprise": await launcher.engine(
                 "surprise", *HOSTED, "--tpm", "100000", models=[SURPRISE_MODEL], options=LEARN
+            ),
+            # Given without `limits`: an output budget that agents' long answers bind, after
+            # their short tool calls taught the scheduler that replies are short.
+            "mixed": await launcher.engine(
+                "mixed",
+                *HOSTED[:2],
+                *("--reply-tokens", "80", "--rate-limit-charge", "usage"),
+                *("--rate-limit-headers", "anthropic", "--itpm", "100000", "--otpm", "240"),
+                models=[MIXED_MODEL],
             ),
             # Given without `limits`: a hosted API with a tight budget, and one with none.
             "bare": await launcher.engine(
@@ -234,6 +243,54 @@ async def test_a_hosted_api_given_without_limits_refuses_nothing_in_the_first_bu
     budget = await stack.budget("bare")
     limits = {d["name"]: d["limit"] for d in budget["dimensions"]}
     assert limits == {"requests": 30, "tokens": 400} and budget["provider_429s"] == 0
+
+
+LOOKUP: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look a thing up.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+]
+
+
+async def agent(client: AsyncOpenAI, run: str) -> int:
+    """An agent of three tool calls (short replies) and an answer (80 tokens): its turns."""
+    messages: list[Any] = [{"role": "user", "content": f"task {run}: find three things"}]
+    for turn in range(1, 10):
+        reply = await client.chat.completions.create(
+            model=MIXED_MODEL,
+            messages=messages,
+            tools=LOOKUP,
+            max_tokens=100,
+            extra_headers={"x-luftpause-run-id": run, "x-sim-tool-rounds": "3"},
+        )
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            return turn
+        messages.append(message.model_dump(exclude_none=True))
+        messages += [
+            {"role": "tool", "tool_call_id": c.id, "content": "found it"}
+            for c in message.tool_calls
+        ]
+    return 0
+
+
+async def test_long_answers_after_short_tool_calls_bring_no_429_from_an_output_budget(
+    stack: Stack,
+) -> None:
+    """Eight agents, each three short tool calls then a long answer, at a provider given
+    without `limits` whose output budget (240 a window) charges the reply as it starts: the
+    first replies the scheduler learns from are all short, and a reservation of mean + k sigma
+    of them falls short of every answer. None of the 32 turns is refused."""
+    async with asyncio.timeout(120), stack.client(0) as a, stack.client(1) as b:
+        turns = await asyncio.gather(*(agent((a, b)[i % 2], f"mixed-{i}") for i in range(8)))
+    counts = (await stack.limits("mixed"))["counts"]
+    assert turns == [4] * 8
+    assert counts["served"] == 32 and counts["refused"] == 0
 
 
 async def test_an_endpoint_given_without_limits_whose_reply_reports_none_has_no_window(

@@ -262,6 +262,53 @@ def test_a_reply_teaches_the_prediction_per_model_and_caller() -> None:
     assert replies.n == 4 and replies.predict(1.0) == pytest.approx(10.0)
 
 
+def test_a_providers_window_reserves_a_requests_max_tokens_as_hosted_apis_count_it() -> None:
+    # OpenAI and Anthropic count max_tokens up front: whatever the replies were so far, a turn
+    # reserves its whole max_tokens (100), and a window needs that much room to admit it.
+    state = start(hosted("api", Limits(otpm=250)))
+    for i in range(5):
+        state, _ = ask(state, f"t{i}", at=1.0 + 100 * i, caller="team-a/x")
+        state, _ = done(state, f"t{i}", at=1.5 + 100 * i, completion=10)
+    state, _ = ask(state, "a", at=600.0, caller="team-a/x")
+    state, _ = ask(state, "b", at=600.0, caller="team-a/x")
+    state, _ = ask(state, "c", at=600.0, caller="team-a/x")
+    window = state.windows["api"]
+    assert {t: p.cost[3] for t, p in window.pending.items()} == {"a": 100, "b": 100}
+    assert set(state.budget_held) == {"c"}
+
+
+def test_a_usage_charged_window_reserves_the_long_replies_of_a_mix_of_short_and_long() -> None:
+    # An agent's turns: nine short tool calls to one long answer. mean + 2 sigma of that mix
+    # falls short of every answer; a provider charging the reply as it starts would refuse a
+    # turn admitted on it. Its window reserves the longest reply seen lately.
+    state = start(hosted("api", Limits(otpm=100_000, charges="usage")))
+    for i in range(45):
+        state, _ = ask(state, f"t{i}", at=1.0 + i, caller="team-a/x")
+        state, _ = done(state, f"t{i}", at=1.5 + i, completion=90 if i % 10 == 9 else 10)
+    replies = state.replies[(MODEL, "team-a")]
+    seen = replies.predict(2.0)
+    assert seen is not None and seen < 75
+    assert replies.bound(2.0, prior=256) == pytest.approx(90.0, abs=1.0)
+    state, _ = ask(state, "next", at=50.0, caller="team-a/x")
+    assert state.windows["api"].pending["next"].cost[3] in range(89, 100)
+    # One long reply fades: forty short ones later the bound is back near the mix's own.
+    faded = replies.add(400.0)
+    for _ in range(40):
+        faded = faded.add(10.0)
+    assert faded.bound(2.0, prior=256) < 60
+
+
+def test_a_usage_charged_window_reserves_the_prior_while_only_short_replies_were_seen() -> None:
+    # An agent's first turns are its tool calls: five short replies do not yet say that no
+    # long one comes, so the reservation stays near the prior (capped by max_tokens, 100).
+    state = start(hosted("api", Limits(otpm=100_000, charges="usage")))
+    for i in range(5):
+        state, _ = ask(state, f"t{i}", at=1.0 + i, caller="team-a/x")
+        state, _ = done(state, f"t{i}", at=1.5 + i, completion=10)
+    state, _ = ask(state, "next", at=10.0, caller="team-a/x")
+    assert state.windows["api"].pending["next"].cost[3] == REPLY
+
+
 def test_readings_out_of_order_keep_the_lowest_count_and_the_safe_reset() -> None:
     """Two requests sent at once: the provider admitted B before A, but A's reply came first.
     B's higher count does not undo A's. Of their reset times the later stands while the regime

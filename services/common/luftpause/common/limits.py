@@ -15,7 +15,8 @@ provider that sends no headers, or to be safe before the first reply::
           itpm: 0              # input tokens per minute (Anthropic); 0: none stated
           otpm: 0              # output tokens per minute (Anthropic)
           share: org-key       # endpoints behind one API key share one window
-          charges: usage       # or max_tokens: the provider counts a request's max_tokens
+          charges: max_tokens  # the provider counts a request's max_tokens up front (OpenAI's,
+                               # Anthropic's rule); usage: only what the reply used
           window_s: 60         # the stated limits count over this many seconds (a minute)
           headers:             # header names of a provider that renames them
             x-ratelimit-remaining-tokens: x-remaining-tokens
@@ -48,7 +49,7 @@ class Limits:
     itpm: int = 0
     otpm: int = 0
     share: str = ""
-    charges: str = "usage"
+    charges: str = "max_tokens"
     # The seconds the stated limits count over (their names say per minute: the default).
     window_s: float = 60.0
     # Canonical header name (as `common.ratelimits` reads it) -> the provider's name for it.
@@ -83,7 +84,7 @@ def parse_limits(value: Any, where: str) -> Limits | None:
     share = value.get("share", "")
     if not isinstance(share, str):
         raise LimitsError(f"{where}.share must be a string")
-    charges = value.get("charges", "usage")
+    charges = value.get("charges", "max_tokens")
     if charges not in CHARGES:
         raise LimitsError(f"{where}.charges must be one of {', '.join(CHARGES)}, got {charges!r}")
     window = value.get("window_s", 60.0)

@@ -7,9 +7,12 @@ window, `windows`: stated `limits` in the endpoint file, or rate-limit headers s
 or when its caller key has a budget. Such a turn is placed only when its predicted cost fits:
 
 - the cost: one request, and prompt tokens estimated from the request's size (by the tokens per
-  byte learned from usage; no tokenizer) plus the reply expected of its model and caller, mean +
-  k sigma of what they replied before (DEFAULT_REPLY_TOKENS before three replies), capped by the
-  request's max_tokens (or max_tokens itself where the provider counts it, `limits.charges`);
+  byte learned from usage; no tokenizer) plus its reply: against a provider's window, the
+  request's max_tokens, which hosted APIs count up front (OpenAI's and Anthropic's documented
+  rule; `limits.charges`, the default); else the reply expected of its model and caller, capped
+  by max_tokens: mean + k sigma of what they replied before (DEFAULT_REPLY_TOKENS before three
+  replies), and against a provider's window at least the longest of their recent replies and a
+  fading prior (`Replies.bound`: a reply over its reservation can bring the provider's 429);
 - its key's window, if the key has a budget (tokens and requests per minute, tokens per day);
 - a replica of its model with room (the placement rules' engine load) and, if rate-limited, with
   its window's headroom: the run's own replica first (its prefix may be cached there), then
@@ -146,10 +149,14 @@ def predict(view: View, held: HeldTurn, window: w.Window | None) -> w.Cost:
     if window is not None and window.charges_max_tokens and held.max_tokens:
         reply = float(held.max_tokens)
     else:
-        mine = view.replies.get((held.model, caller_base(held.caller)))
-        seen = (mine or _NO_REPLIES).predict(k)
-        if seen is None:
-            seen = view.replies.get((held.model, ""), _NO_REPLIES).predict(k)
+        mine = view.replies.get((held.model, caller_base(held.caller))) or _NO_REPLIES
+        fallback = view.replies.get((held.model, ""), _NO_REPLIES)
+        if window is None:  # a key's budget: a turn over it waits, nothing is refused
+            seen = mine.predict(k)
+            seen = fallback.predict(k) if seen is None else seen
+        else:  # a provider's: a reply over the reservation can bring its 429
+            source = mine if mine.predict(k) is not None else fallback
+            seen = source.bound(k, DEFAULT_REPLY_TOKENS)
         reply = DEFAULT_REPLY_TOKENS if seen is None else seen
         if held.max_tokens:
             reply = min(reply, held.max_tokens)

@@ -41,6 +41,8 @@ TOOL_WINDOW_DEFAULT_S = 60.0
 """Residency of a run paused on a tool before any run of its class has come back from one."""
 
 _MIN_SAMPLES = 3.0
+RECENT_REPLIES = 32
+"""How many of the last replies the peak is the longest of (`Replies`)."""
 
 
 def ewma(mean: float, sample: float, seen: float) -> float:
@@ -245,20 +247,36 @@ class PrefillFit:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Replies:
     """Completion tokens of finished turns (of one model and caller): a running mean and
-    variance, so a reply is predicted as mean + k sigma (`gate`)."""
+    variance, so a reply is predicted as mean + k sigma (`gate`), and the last RECENT_REPLIES
+    replies, whose longest is the `peak`."""
 
     n: float = 0.0
     mean: float = 0.0
     var: float = 0.0
+    recent: tuple[float, ...] = ()
 
     def add(self, tokens: float) -> Replies:
         x = float(max(tokens, 0))
         mean = ewma(self.mean, x, self.n)
         var = (1 - ALPHA) * (self.var + ALPHA * (x - self.mean) ** 2) if self.n > 0 else 0.0
-        return Replies(n=self.n + 1, mean=mean, var=var)
+        recent = (*self.recent[1 - RECENT_REPLIES :], x)
+        return Replies(n=self.n + 1, mean=mean, var=var, recent=recent)
+
+    @property
+    def peak(self) -> float:
+        return max(self.recent, default=0.0)
 
     def predict(self, k: float) -> float | None:
         """mean + k sigma; None before MIN_SAMPLES replies."""
         if self.n < _MIN_SAMPLES:
             return None
         return self.mean + k * math.sqrt(self.var)
+
+    def bound(self, k: float, prior: float) -> float:
+        """What a provider's window reserves for a reply: the largest of mean + k sigma, the
+        peak, and `prior` faded by (1 - ALPHA) a reply. Replies are not normal (an agent's
+        tool calls are short, its answers long): mean + k sigma of a mix of both falls short
+        of every long one, and an agent's first turns are its short ones, so the prior stays
+        until a few dozen replies have been seen."""
+        seen = self.predict(k) or 0.0
+        return max(seen, self.peak, prior * (1 - ALPHA) ** self.n)

@@ -151,8 +151,9 @@ class Window:
     pending: immutables.Map[str, Pending] = _EMPTY
     # Derived: the sum of the pending reservations' costs not yet counted.
     uncounted: Cost = NO_COST
-    # The provider counts max_tokens (endpoint `limits.charges`).
-    charges_max_tokens: bool = False
+    # The provider counts a request's max_tokens up front (endpoint `limits.charges`; the
+    # default, as OpenAI's and Anthropic's do): a reply reserves it whole.
+    charges_max_tokens: bool = True
     refused: int = 0
     provider_429s: int = 0
     daily: DailyBudget = _NO_DAILY
@@ -175,7 +176,7 @@ def stated(
     *,
     kind: WindowKind = WindowKind.ENDPOINT,
     replicas: tuple[str, ...] = (),
-    charges_max_tokens: bool = False,
+    charges_max_tokens: bool = True,
     period_s: float = MINUTE_S,
 ) -> Window:
     """A window of our own from stated limits per `period_s` (a minute), full at `at`."""
