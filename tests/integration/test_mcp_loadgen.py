@@ -52,7 +52,7 @@ async def test_every_agents_run_finishes_through_the_runtime_with_its_tool_calls
             "loadgen",
             "--mcp-url",
             url,
-            *("--interactive", "1", "--batch", "1", "--window-s", "4"),
+            *("--interactive", "1", "--batch", "1", "--window-s", "10"),
             *("--context-chars", "500", "--tool-calls", str(TOOL_CALLS)),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.DEVNULL,
