@@ -294,7 +294,7 @@ RATELIMIT_ROWS = (
 FIGURES: list[Figure] = [
     Figure(
         "matrix, llama.cpp plain messages",
-        "matrix_real_settle_text.json",
+        "matrix_real_s40_text.json",
         matrix_row("llama.cpp, tool results as plain messages", "real-text"),
     ),
     Figure(
@@ -314,9 +314,10 @@ FIGURES: list[Figure] = [
     ),
     Figure(
         "matrix, llama.cpp plain messages: the medians",
-        "matrix_real_settle_text.json",
+        "matrix_real_s40_text.json",
         medians_line("real-text"),
     ),
+    Figure("matrix, llama.cpp plain messages: the commit", "matrix_real_s40_text.json", ran_on),
     Figure(
         "matrix, vLLM tool calls",
         "matrix_real_vllm.json",
