@@ -91,7 +91,7 @@ class Proc:
                 async with asyncio.timeout(timeout):
                     while True:
                         if not self.running:
-                            raise ChildFailed(f"{self.name} exited with {self._code()}")
+                            raise self._exited()
                         with contextlib.suppress(aiohttp.ClientError, OSError):
                             async with session.get(url) as resp:
                                 if resp.status < 300:
@@ -106,7 +106,7 @@ class Proc:
             async with asyncio.timeout(timeout):
                 while True:
                     if not self.running:
-                        raise ChildFailed(f"{self.name} exited with {self._code()}")
+                        raise self._exited()
                     try:
                         _, writer = await asyncio.open_connection("127.0.0.1", port)
                     except OSError:
@@ -118,6 +118,23 @@ class Proc:
                     return
         except TimeoutError as exc:
             raise ChildFailed(f"{self.name} not listening on {port} after {timeout}s") from exc
+
+    def _exited(self) -> ChildFailed:
+        return ChildFailed(f"{self.name} exited with {self._code()}{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 12) -> str:
+        """The end of the child's log, to say why it exited (empty when it has none)."""
+        if self.log_path is None:
+            return ""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+                tail = f.read().decode(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        if not tail:
+            return ""
+        return "; its log ends:" + "".join(f"\n  {line}" for line in tail)
 
     def _code(self) -> int | None:
         return None if self.proc is None else self.proc.returncode
