@@ -80,23 +80,6 @@ def matrix_group(label: str, engine: str, kv: str) -> Callable[[dict[str, Any]],
     return render
 
 
-def medians_line(cell: str) -> Callable[[dict[str, Any]], str]:
-    """`3.6 against 3.5 interactive and 10.4 against 9.8 batch runs/min`: luftpause's and
-    cache_aware's medians over the repeats."""
-
-    def render(data: dict[str, Any]) -> str:
-        results = data["cells"][cell]["results"]
-        ours, base = arm_figures(results[OURS]), arm_figures(results[BASELINE])
-        return (
-            f"{statistics.median(ours['interactive']):.1f} against "
-            f"{statistics.median(base['interactive']):.1f} "
-            f"interactive and {statistics.median(ours['batch']):.1f} against "
-            f"{statistics.median(base['batch']):.1f} batch runs/min"
-        )
-
-    return render
-
-
 def _med(figures: dict[str, Any], key: str) -> float:
     value: float = figures[key]["median"]
     return value
@@ -299,23 +282,13 @@ FIGURES: list[Figure] = [
     ),
     Figure(
         "matrix, llama.cpp tool calls",
-        "matrix_real_s39_openai.json",
+        "matrix_real_s41_openai.json",
         matrix_row("llama.cpp, tool calls", "real-openai"),
     ),
     Figure(
-        "matrix, llama.cpp tool calls: the medians",
-        "matrix_real_s39_openai.json",
-        medians_line("real-openai"),
-    ),
-    Figure(
         "matrix, llama.cpp tool calls: the commit",
-        "matrix_real_s39_openai.json",
+        "matrix_real_s41_openai.json",
         ran_on,
-    ),
-    Figure(
-        "matrix, llama.cpp plain messages: the medians",
-        "matrix_real_s40_text.json",
-        medians_line("real-text"),
     ),
     Figure("matrix, llama.cpp plain messages: the commit", "matrix_real_s40_text.json", ran_on),
     Figure(
@@ -328,14 +301,7 @@ FIGURES: list[Figure] = [
         "matrix_real_vllm.json",
         matrix_row("vLLM's CPU build, tool results as plain messages", "vllm-text"),
     ),
-    Figure(
-        "matrix, vLLM tool calls: the medians", "matrix_real_vllm.json", medians_line("vllm-openai")
-    ),
-    Figure(
-        "matrix, vLLM plain messages: the medians",
-        "matrix_real_vllm.json",
-        medians_line("vllm-text"),
-    ),
+    Figure("matrix, vLLM: the commit", "matrix_real_vllm.json", ran_on),
 ]
 MATRIX_GROUPS = (
     ("batching up to their KV, contexts fit (4 cells)", "kv", "fits"),
@@ -366,7 +332,24 @@ FIGURES.append(
         ),
     )
 )
+FAMILY_SEED_1 = "family_lab_s1.json"
+
+
+def _decisions(data: dict[str, Any]) -> Any:
+    """A family run's figures without the provenance each model's run records."""
+    models = [{k: v for k, v in m.items() if k != "provenance"} for m in data["models"]]
+    return models, data["summary"], data["summary_turns"], data["table"]
+
+
+def family_again_line(data: dict[str, Any]) -> str:
+    """The family at seed 1 run again on later code: whether every figure stayed as it was."""
+    first = load(FAMILY_SEED_1)
+    same = "the same to the digit" if _decisions(data) == _decisions(first) else "with changes"
+    return f"seed 1 on commit {_commit(first)} and again on {_commit(data)}, {same}"
+
+
 FIGURES.append(Figure("family, pooled over seeds", "family_lab_pooled.json", family_line))
+FIGURES.append(Figure("family, seed 1 again", "family_check_s41.json", family_again_line))
 FIGURES.append(
     Figure(
         "family, sglang-26-28 at twelve seeds",
@@ -510,8 +493,21 @@ def journal_line(data: dict[str, Any]) -> str:
     )
 
 
+def retention_line(data: dict[str, Any]) -> str:
+    """A runtime's start with a million finished runs in its journal, and after retention."""
+    before, after = data["before"]["start"], data["after"]["start"]
+    return (
+        f"A runtime with {data['live']:,} live runs and {data['finished']:,} finished ones in "
+        f"its journal started in {before['medianSeconds']:.0f} s "
+        f"({before['peakRssMb'] / 1000:.1f} GB); after retention moved the finished ones to "
+        f"the archive, in {after['medianSeconds']:.1f} s ({after['peakRssMb']:.0f} MB)"
+    )
+
+
 FIGURES += [
     Figure("sub-agents, the soak", "soak.json", soak_line),
+    Figure("runtime retention", "runtime_retention.json", retention_line),
+    Figure("runtime retention, the commit", "runtime_retention.json", ran_on_as("retention")),
     Figure("runtime replicas, the journal", "runtime_fleet.json", journal_line),
     Figure(
         "runtime replicas, the commit", "runtime_fleet.json", ran_on_as("the journal and replicas")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.readme_figures import FIGURES, README, Figure, check, matrix_row
+import copy
+
+from bench.readme_figures import FIGURES, README, Figure, check, family_again_line, load, matrix_row
 
 
 def test_every_registered_figure_reads_in_the_readme_as_its_result_file_says() -> None:
@@ -24,3 +26,13 @@ def test_every_figure_cites_a_file_the_readme_links() -> None:
     readme = README.read_text()
     for f in FIGURES:
         assert f"bench/results/{f.source}" in readme, f.what
+
+
+def test_the_family_run_again_reads_the_same_only_when_every_figure_is() -> None:
+    again = load("family_check_s41.json")
+    assert family_again_line(again).endswith(", the same to the digit")
+    changed = copy.deepcopy(again)
+    model = changed["models"][0]
+    key = next(k for k in model if k != "provenance")
+    model[key] = "something else"
+    assert family_again_line(changed).endswith(", with changes")
