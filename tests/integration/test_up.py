@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
-from luftpause.testkit.procs import Proc, free_port, free_ports_in_a_row
+from luftpause.testkit.procs import Proc, free_port
 from luftpause.testkit.waits import READY_SECONDS, eventually
 from luftpause.up import front, parse_args, plan
 
@@ -32,7 +32,7 @@ class Up:
 @pytest.fixture
 async def up(tmp_path: Path) -> AsyncIterator[Up]:
     ports = {name: free_port() for name in ("dataplane", "grpc", "http", "mcp", "runtime")}
-    engine = free_ports_in_a_row(2)  # `up` puts its engines on this port and the next
+    engine = free_port(2)  # `up` puts its engines on this port and the next
     args = [
         "up",
         "--state-dir",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from luftpause.testkit import procs
-from luftpause.testkit.procs import ChildFailed, Proc, free_port, free_ports_in_a_row
+from luftpause.testkit.procs import ChildFailed, Proc, free_port
 
 
 def test_ports_come_from_below_the_range_outgoing_connections_take_theirs_from() -> None:
@@ -33,7 +33,7 @@ def test_a_port_someone_listens_on_is_skipped() -> None:
 
 
 def test_ports_in_a_row_are_all_free() -> None:
-    first = free_ports_in_a_row(3)
+    first = free_port(3)
     for port in range(first, first + 3):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", port))

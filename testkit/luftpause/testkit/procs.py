@@ -14,7 +14,7 @@ from pathlib import Path
 
 from luftpause.common.procs import ChildFailed, Proc, luftpause_exe
 
-__all__ = ["ChildFailed", "Proc", "free_port", "free_ports_in_a_row", "luftpause_exe"]
+__all__ = ["ChildFailed", "Proc", "free_port", "luftpause_exe"]
 
 
 # Ports are handed out below the kernel's ephemeral range. A port the kernel picks for `bind(0)`
@@ -72,8 +72,3 @@ def free_port(count: int = 1) -> int:
                 next(_cursor)
             return first
     raise RuntimeError(f"no {count} free ports in a row in {_PORTS.start}-{_PORTS.stop - 1}")
-
-
-def free_ports_in_a_row(count: int) -> int:
-    """The first of `count` consecutive ports on 127.0.0.1 that were all free a moment ago."""
-    return free_port(count)
