@@ -28,7 +28,9 @@ def test_the_command_is_quoted_as_a_shell_takes_it() -> None:
 
 def test_a_load_watch_reports_the_load_and_the_busy_share_over_its_span() -> None:
     with LoadWatch() as load:
-        subprocess.run([sys.executable, "-c", "sum(range(3_000_000))"], check=True)
+        # Busy for 0.3 s whatever the host's speed: the summary rounds seconds to a tenth.
+        busy = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 0.3: pass"
+        subprocess.run([sys.executable, "-c", busy], check=True)
     summary = load.summary()
     assert set(summary) == {"load_1m_start", "load_1m_end", "cpu_busy_share", "seconds"}
     assert summary["seconds"] > 0
